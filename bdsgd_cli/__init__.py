@@ -1,0 +1,1 @@
+"""Command-line interface of bdsgd: thin click commands over ``stages``."""

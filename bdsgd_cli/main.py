@@ -1,0 +1,46 @@
+"""The ``bdsgd`` command group. Subcommands are imported only when used (torch and pyro are slow
+to import, ``bdsgd --help`` should not wait for them)."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute" of the click command
+COMMANDS = {
+    "profile": "bdsgd_cli.profile:profile",
+    "import": "bdsgd_cli.importer:import_cmd",
+    "fit": "bdsgd_cli.fit:fit",
+    "simulate": "bdsgd_cli.simulate:simulate",
+    "train": "bdsgd_cli.train:train",
+    "report": "bdsgd_cli.report:report",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands live in their own modules, imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if _available(name)]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _available(name):
+            return None
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+def _available(name: str) -> bool:
+    module = COMMANDS[name].split(":")[0]
+    return importlib.util.find_spec(module) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bdsgd")
+def cli() -> None:
+    """bdsgd: learn your cluster's run-times and stop waiting for stragglers.
+
+    Typical loop: ``bdsgd profile`` -> ``bdsgd fit`` -> ``bdsgd simulate`` / ``bdsgd train``
+    -> ``bdsgd report``.
+    """

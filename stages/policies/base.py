@@ -1,0 +1,57 @@
+"""The policy interface shared by the simulator and the training engine.
+
+A policy sees exactly what the parameter server sees. Each iteration the driver calls
+:meth:`Policy.choose` *before* the workers start, then, once the iteration is over,
+:meth:`Policy.observe` with the run-times of the gradients it accepted and, for the workers it cut
+off, the censored value (the run-time is >= that value). The driver sets ``overhead_s`` to the
+measured fixed cost of an iteration (broadcast, aggregation) so the objective
+``c / (E[x_(c)] + overhead_s)`` counts it.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar, Literal, Protocol
+
+import numpy as np
+import torch
+
+Mode = Literal["sync", "k-batch-sync", "k-async"]
+
+
+class Predictor(Protocol):
+    """What the fitted run-time model offers a policy (see ``stages.model.predictor``)."""
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        """Advance the filter by one iteration: (N,) run-times and (N,) censoring flags."""
+
+    def sample(self, num_samples: int) -> torch.Tensor:
+        """(S, N) joint samples of the next iteration's run-times, seconds."""
+
+
+class Policy(abc.ABC):
+    """Chooses how many gradients the server waits for.
+
+    ``mode`` tells the driver how to run it: ``sync`` (apply the first c gradients of an
+    iteration, cut the rest off), ``k-batch-sync`` (wait for K gradients, finished workers start
+    again on the same parameters, then everyone restarts) or ``k-async`` (apply every K gradients,
+    stragglers keep computing and are applied late).
+    """
+
+    name: str = "policy"
+    mode: ClassVar[Mode] = "sync"
+    overhead_s: float = 0.0
+
+    @abc.abstractmethod
+    def choose(self, live: np.ndarray) -> int:
+        """c (or K) for the next iteration, 1 <= c <= live.sum(); ``live`` is an (N,) bool mask of
+        the workers still alive."""
+
+    @abc.abstractmethod
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        """Record one finished iteration: (N,) run-times (seconds) and (N,) bool censoring flags.
+        Dead workers appear censored at the cut."""
+
+    def describe(self) -> dict:
+        """Extra per-iteration values the driver records (e.g. predicted quantiles)."""
+        return {}
