@@ -1,0 +1,87 @@
+"""The run directory: what ``bdsgd train --out DIR`` and ``bdsgd simulate --out DIR`` write and
+``bdsgd report`` reads.
+
+    DIR/summary.json        {"kind": "train" | "simulate", "traces": PATH, "run_id": ...,
+                             plus the command's JSON summary (SPEC), per policy for simulate}
+    DIR/iterations.parquet  one row per (policy, iteration), columns below
+
+Nullable columns are null where they do not apply (no loss in simulate, no prediction for a policy
+without a predictive distribution).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stages.errors import BdsgdError
+
+SUMMARY = "summary.json"
+ITERATIONS = "iterations.parquet"
+RUN_DIR_VERSION = 1
+
+ITERATION_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("policy", pa.string(), nullable=False),
+    pa.field("iteration", pa.int64(), nullable=False),
+    pa.field("wall_s", pa.float64(), nullable=False),  # end of the iteration, since run start
+    pa.field("iteration_s", pa.float64(), nullable=False),  # duration of the iteration
+    pa.field("c", pa.int32(), nullable=False),  # gradients applied
+    pa.field("workers", pa.int32(), nullable=False),  # live workers
+    pa.field("decision_ms", pa.float64(), nullable=False),  # time to choose c
+    pa.field("loss", pa.float64(), nullable=True),  # training loss of the applied gradients
+    pa.field("eval_loss", pa.float64(), nullable=True),  # held-out loss, when evaluated
+    pa.field("lr", pa.float64(), nullable=True),
+    pa.field("staleness", pa.float64(), nullable=True),  # mean staleness of applied gradients
+    pa.field("pred_q10", pa.float64(), nullable=True),  # predicted iteration time quantiles
+    pa.field("pred_q50", pa.float64(), nullable=True),
+    pa.field("pred_q90", pa.float64(), nullable=True),
+)
+ITERATION_SCHEMA = pa.schema(ITERATION_COLUMNS, metadata={b"bdsgd.run_dir": b"1"})
+
+
+def iterations_table(columns: dict[str, list]) -> pa.Table:
+    """Build the iterations table; absent nullable columns are filled with nulls."""
+    n = len(columns["iteration"])
+    arrays = [
+        pa.array(columns.get(f.name, [None] * n), type=f.type) for f in ITERATION_COLUMNS
+    ]
+    return pa.Table.from_arrays(arrays, schema=ITERATION_SCHEMA)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file under a temporary name and rename it into place."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_run_dir(out: Path, summary: dict, iterations: pa.Table) -> None:
+    """Write both files of a run directory, each atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    sink = pa.BufferOutputStream()
+    pq.write_table(iterations, sink)
+    write_atomic(out / ITERATIONS, sink.getvalue().to_pybytes())
+    payload = {"run_dir_version": RUN_DIR_VERSION, **summary}
+    write_atomic(out / SUMMARY, json.dumps(payload, indent=2, default=float).encode())
+
+
+def read_run_dir(path: Path) -> tuple[dict, pa.Table]:
+    """Read a run directory; a one-line BdsgdError if it is not one."""
+    path = Path(path)
+    if not (path / SUMMARY).is_file() or not (path / ITERATIONS).is_file():
+        raise BdsgdError(f"{path} is not a bdsgd run directory (needs {SUMMARY} and {ITERATIONS})")
+    try:
+        summary = json.loads((path / SUMMARY).read_text())
+        table = pq.read_table(path / ITERATIONS)
+    except (ValueError, OSError, pa.ArrowException) as exc:
+        raise BdsgdError(f"{path}: unreadable run directory ({str(exc).splitlines()[0]})") from None
+    if table.num_rows == 0:
+        raise BdsgdError(f"{path}: the run has no iterations")
+    return summary, table
