@@ -1,0 +1,502 @@
+"""``bdsgd report``: draw what happened in one or more run directories.
+
+A run directory (``schemas/run_dir.py``) holds ``summary.json`` and ``iterations.parquet``; a
+train run holds one policy, a simulate run several. Every (run, policy) pair is one *series*, and
+every plot overlays all series, so runs of different policies compare on the same axes:
+
+    cutoff.png      c and the number of live workers over iterations
+    throughput.png  iteration time and rolling throughput (gradients/s) over wall-clock time
+    loss.png        training loss vs wall-clock time and vs gradients applied (train runs only)
+    heatmap.png     worker x iteration run-times, censored (cut-off) cells marked (needs traces)
+    cdf.png         run-time CDF per worker or host, Kaplan-Meier for censoring (needs traces)
+    prediction.png  predicted q10-q90 band of the iteration time vs the observed one
+    decision_ms.png time to choose c, per policy
+    index.md        every written plot with a caption, and the SPEC metrics of every run
+
+Every file is written under a temporary name and renamed into place; all run directories are read
+before anything is written, so a bad input leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from schemas.run_dir import read_run_dir, write_atomic  # noqa: E402
+from stages.errors import BdsgdError, ConfigError  # noqa: E402
+from stages.store import RunMatrix, read_trace_path, to_run_matrix  # noqa: E402
+
+INDEX = "index.md"
+PlotFn = Callable[[list["Series"]], "plt.Figure | None"]
+MAX_PANELS = 4  # heatmap, CDF and prediction panels drawn at most
+MAX_CDF_CURVES = 16  # above this many workers, CDFs are drawn per host
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportConfig:
+    """What to draw and where."""
+
+    run_dirs: tuple[Path, ...]
+    """Run directories written by ``bdsgd train --out`` or ``bdsgd simulate --out``."""
+    out: Path
+    """Directory for the PNG files and ``index.md`` (created if missing)."""
+    rolling_window: int = 20
+    """Iterations in the rolling window of the throughput curve."""
+    dpi: int = 100
+    """Resolution of the PNG files."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_dirs", tuple(Path(p) for p in self.run_dirs))
+        object.__setattr__(self, "out", Path(self.out))
+        if not self.run_dirs:
+            raise ConfigError("report needs at least one run directory")
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"--out {self.out} exists and is not a directory")
+        if self.rolling_window < 1:
+            raise ConfigError(f"rolling_window must be >= 1, got {self.rolling_window}")
+        if self.dpi < 10:
+            raise ConfigError(f"dpi must be >= 10, got {self.dpi}")
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What ``run_report`` wrote."""
+
+    index: Path
+    plots: tuple[Path, ...]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory, read."""
+
+    path: Path
+    name: str
+    summary: dict
+    iterations: pl.DataFrame
+    matrix: RunMatrix | None  # the run's worker traces, when they could be read
+
+
+@dataclass(frozen=True)
+class Series:
+    """One policy of one run: the unit every plot draws."""
+
+    label: str
+    run: Run
+    policy: str
+    rows: pl.DataFrame = field(repr=False)
+
+
+# -- reading ----------------------------------------------------------------------------------
+def load_run(path: Path, warnings: list[str]) -> Run:
+    """Read a run directory and, if reachable, the worker traces it points to."""
+    summary, table = read_run_dir(path)
+    rows = pl.from_arrow(table).sort(["policy", "iteration"])
+    name = path.resolve().name or str(path)
+    return Run(path, name, summary, rows, _load_matrix(path, summary, warnings))
+
+
+def _load_matrix(path: Path, summary: dict, warnings: list[str]) -> RunMatrix | None:
+    traces = summary.get("traces")
+    if not traces:
+        warnings.append(f"{path}: summary names no trace store; heatmap and CDF skipped")
+        return None
+    store = Path(traces)
+    if not store.exists() and not store.is_absolute():
+        store = path / store
+    try:
+        df = read_trace_path(store)
+    except (BdsgdError, OSError) as exc:
+        warnings.append(f"{path}: traces unreadable ({exc}); heatmap and CDF skipped")
+        return None
+    run_id = summary.get("run_id") or (sorted(df["run_id"].unique())[0] if df.height else None)
+    df = df.filter(pl.col("run_id") == run_id) if run_id is not None else df
+    if df.height == 0:
+        warnings.append(f"{path}: no trace rows for run {run_id!r}; heatmap and CDF skipped")
+        return None
+    return to_run_matrix(df)
+
+
+def make_series(runs: list[Run]) -> list[Series]:
+    """One series per (run, policy); the run's name joins the label when a policy repeats."""
+    pairs = [(run, p) for run in runs for p in run.iterations["policy"].unique(maintain_order=True)]
+    counts: dict[str, int] = {}
+    for _, p in pairs:
+        counts[p] = counts.get(p, 0) + 1
+    return [
+        Series(
+            label=p if counts[p] == 1 else f"{p} ({run.name})",
+            run=run,
+            policy=p,
+            rows=run.iterations.filter(pl.col("policy") == p),
+        )
+        for run, p in pairs
+    ]
+
+
+def _values(s: Series, column: str) -> np.ndarray:
+    """A column as floats, nulls as NaN."""
+    return s.rows[column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+
+
+def has_values(s: Series, column: str) -> bool:
+    return s.rows[column].null_count() < s.rows.height
+
+
+def rolling_throughput(c: np.ndarray, seconds: np.ndarray, window: int) -> np.ndarray:
+    """Gradients per second over the last ``window`` iterations."""
+    cc, cs = np.cumsum(c, dtype=float), np.cumsum(seconds, dtype=float)
+    lag_c = (
+        np.concatenate([np.zeros(window), cc[:-window]]) if window < len(cc) else np.zeros_like(cc)
+    )
+    lag_s = (
+        np.concatenate([np.zeros(window), cs[:-window]]) if window < len(cs) else np.zeros_like(cs)
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (cc - lag_c) / (cs - lag_s)
+
+
+def kaplan_meier(times: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Kaplan-Meier CDF F(t) = 1 - S(t) at each distinct finished run-time. A censored entry
+    (real run-time >= the value) stays at risk up to its value, then leaves without an event:
+    the right treatment of cut-off stragglers, unlike dropping them or reading them as finished."""
+    order = np.argsort(times, kind="stable")
+    times, censored = times[order], censored[order]
+    at_risk = len(times) - np.arange(len(times))
+    factors = np.where(censored, 1.0, 1.0 - 1.0 / at_risk)
+    survival = np.cumprod(factors)
+    finished = ~censored
+    return times[finished], 1.0 - survival[finished]
+
+
+# -- plots: each takes the series (or runs) and returns a figure, or None when nothing applies --
+def plot_cutoff(series: list[Series]) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for s in series:
+        (line,) = ax.step(
+            _values(s, "iteration"), _values(s, "c"), where="post", label=f"c, {s.label}"
+        )
+        ax.plot(
+            _values(s, "iteration"),
+            _values(s, "workers"),
+            ls=":",
+            color=line.get_color(),
+            label=f"live workers, {s.label}",
+        )
+    ax.set(
+        xlabel="iteration",
+        ylabel="gradients applied c / live workers",
+        title="Cutoff c over training",
+    )
+    ax.legend(fontsize="small", ncol=2)
+    return fig
+
+
+def plot_throughput(series: list[Series], window: int) -> plt.Figure:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for s in series:
+        wall, secs = _values(s, "wall_s"), _values(s, "iteration_s")
+        top.plot(wall, secs, lw=0.8, label=s.label)
+        bottom.plot(wall, rolling_throughput(_values(s, "c"), secs, window), label=s.label)
+    top.set(ylabel="iteration time (s)", title="Iteration time and throughput")
+    bottom.set(xlabel="wall-clock time (s)", ylabel=f"gradients/s (rolling {window})")
+    bottom.legend(fontsize="small")
+    return fig
+
+
+def plot_loss(series: list[Series]) -> plt.Figure | None:
+    with_loss = [s for s in series if has_values(s, "loss")]
+    if not with_loss:
+        return None
+    fig, (by_time, by_grads) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for s in with_loss:
+        loss = _values(s, "loss")
+        (line,) = by_time.plot(_values(s, "wall_s"), loss, lw=0.8, label=s.label)
+        by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, color=line.get_color())
+        ttl = s.run.summary.get("time_to_loss")
+        if isinstance(ttl, (int, float)) and np.isfinite(ttl):
+            by_time.axvline(ttl, ls="--", color=line.get_color(), lw=0.8)
+    target = next(
+        (s.run.summary["target_loss"] for s in with_loss if "target_loss" in s.run.summary), None
+    )
+    if isinstance(target, (int, float)):
+        by_time.axhline(target, color="grey", ls=":", lw=0.8, label="target loss")
+    by_time.set(
+        xlabel="wall-clock time (s)",
+        ylabel="training loss",
+        title="Loss vs time (dashed: time_to_loss)",
+    )
+    by_grads.set(xlabel="gradients applied (cumulative c)", title="Loss vs gradients applied")
+    by_time.legend(fontsize="small")
+    return fig
+
+
+def _runs_with_traces(series: list[Series]) -> list[Run]:
+    runs: list[Run] = []
+    for s in series:
+        if s.run.matrix is not None and all(r is not s.run for r in runs):
+            runs.append(s.run)
+    return runs[:MAX_PANELS]
+
+
+def plot_heatmap(series: list[Series]) -> plt.Figure | None:
+    runs = _runs_with_traces(series)
+    if not runs:
+        return None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.5 + 2 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        m = run.matrix
+        img = ax.imshow(
+            np.where(m.present, m.runtimes, np.nan).T,
+            aspect="auto",
+            interpolation="nearest",
+            origin="lower",
+            cmap="viridis",
+        )
+        it, wk = np.nonzero(m.censored & m.present)
+        ax.scatter(it, wk, marker="x", s=30, color="red", lw=0.8, label="censored (cut off)")
+        ax.set(xlabel="iteration", ylabel="worker", title=f"Run-times, {run.name} ({m.run_id})")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.colorbar(img, ax=ax, label="run-time (s)")
+        if len(it):
+            ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def _cdf_groups(m: RunMatrix) -> dict[str, np.ndarray]:
+    """Worker columns to pool per curve: one per worker, or one per host when there are many."""
+    n = m.shape[1]
+    if n <= MAX_CDF_CURVES:
+        return {f"worker {w}": np.array([w]) for w in range(n)}
+    hosts = np.array(m.hosts)
+    return {f"host {h}": np.nonzero(hosts == h)[0] for h in dict.fromkeys(m.hosts)}
+
+
+def plot_cdf(series: list[Series]) -> plt.Figure | None:
+    runs = _runs_with_traces(series)
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        m = run.matrix
+        for label, cols in _cdf_groups(m).items():
+            present = m.present[:, cols]
+            t, f = kaplan_meier(m.runtimes[:, cols][present], m.censored[:, cols][present])
+            if len(t):
+                ax.step(t, f, where="post", lw=0.9, label=label)
+        ax.set(xlabel="run-time (s)", ylabel="P(run-time <= x)", title=f"Run-time CDF, {run.name}")
+        ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_prediction(series: list[Series]) -> plt.Figure | None:
+    predicted = [s for s in series if has_values(s, "pred_q50")][:MAX_PANELS]
+    if not predicted:
+        return None
+    fig, axes = plt.subplots(
+        len(predicted), 1, figsize=(9, 2.5 + 2 * len(predicted)), squeeze=False
+    )
+    for ax, s in zip(axes[:, 0], predicted, strict=True):
+        it, actual = _values(s, "iteration"), _values(s, "iteration_s")
+        lo, mid, hi = _values(s, "pred_q10"), _values(s, "pred_q50"), _values(s, "pred_q90")
+        ax.fill_between(it, lo, hi, alpha=0.3, step="mid", label="predicted q10-q90")
+        ax.plot(it, mid, lw=0.8, label="predicted median")
+        ax.plot(it, actual, ".", ms=3, color="black", label="observed")
+        known = np.isfinite(lo) & np.isfinite(hi)
+        coverage = np.mean((actual[known] >= lo[known]) & (actual[known] <= hi[known]))
+        ax.set(
+            xlabel="iteration",
+            ylabel="iteration time (s)",
+            title=f"{s.label}: observed inside q10-q90 {coverage:.0%} of iterations (ideal 80%)",
+        )
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def plot_decision_ms(series: list[Series]) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(series)), 4))
+    data = [_values(s, "decision_ms") for s in series]
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks(
+        range(1, len(series) + 1), [s.label for s in series], rotation=20, fontsize="small"
+    )
+    if all(np.all(d > 0) for d in data):
+        ax.set_yscale("log")
+    ax.set(ylabel="decision time (ms)", title="Time to choose c per iteration")
+    fig.tight_layout()
+    return fig
+
+
+# -- metrics and index ------------------------------------------------------------------------
+METRICS = (
+    "throughput",
+    "oracle_ratio",
+    "mean_c",
+    "time_to_loss",
+    "decision_ms_p50",
+    "decision_ms_p99",
+    "idle_fraction",
+)
+OPTIONAL_METRICS = ("oracle_ratio", "idle_fraction")  # shown only when some run has them
+
+
+def series_metrics(s: Series) -> dict[str, float | str | None]:
+    """The SPEC metrics of one series: the run's summary where it states them, else computed
+    from its iterations (throughput = sum c / sum iteration time; decision_ms percentiles)."""
+    c, secs, dms = _values(s, "c"), _values(s, "iteration_s"), _values(s, "decision_ms")
+    computed = {
+        "throughput": float(c.sum() / secs.sum()) if secs.sum() > 0 else None,
+        "mean_c": float(c.mean()),
+        "decision_ms_p50": float(np.percentile(dms, 50)),
+        "decision_ms_p99": float(np.percentile(dms, 99)),
+    }
+    given = _summary_for(s)
+    metrics = {name: given.get(name, computed.get(name)) for name in METRICS}
+    if "time_to_loss" in given and given["time_to_loss"] is None:
+        metrics["time_to_loss"] = "not reached"
+    return metrics
+
+
+def _summary_for(s: Series) -> dict:
+    summary = s.run.summary
+    policies = summary.get("policies")
+    if isinstance(policies, dict):
+        return policies.get(s.policy, {})
+    return summary if summary.get("policy") in (None, s.policy) else {}
+
+
+def _fmt(value: float | str | None) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def metrics_table(series: list[Series], shown: tuple[str, ...]) -> list[str]:
+    lines = ["| policy | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
+    for s in series:
+        m = series_metrics(s)
+        lines.append(f"| {s.policy} | " + " | ".join(_fmt(m[k]) for k in shown) + " |")
+    return lines
+
+
+def render_index(
+    runs: list[Run], series: list[Series], plots: list[tuple[str, str]], warnings: list[str]
+) -> str:
+    """The Markdown page: runs, one metrics table per run, then every plot with its caption."""
+    all_metrics = [series_metrics(s) for s in series]
+    shown = tuple(
+        k
+        for k in METRICS
+        if k not in OPTIONAL_METRICS or any(m[k] is not None for m in all_metrics)
+    )
+    lines = ["# bdsgd report", "", "## Runs", ""]
+    for run in runs:
+        n, t = int(run.iterations["workers"].max()), run.iterations["iteration"].n_unique()
+        lines.append(
+            f"- `{run.name}`: {run.summary.get('kind', '?')} run, {n} workers, "
+            f"{t} iterations, traces `{run.summary.get('traces', '?')}` ({run.path})"
+        )
+    lines += [
+        "",
+        "## Metrics",
+        "",
+        "throughput: gradients applied per second; oracle_ratio: throughput / the oracle's "
+        "on the same run-times; time_to_loss: seconds until the smoothed loss reaches the "
+        "target; decision_ms: time to choose c; idle_fraction: share of worker-seconds "
+        "waiting or computing dropped gradients.",
+        "",
+    ]
+    for run in runs:
+        lines += [f"### {run.name} ({run.summary.get('kind', '?')})", ""]
+        lines += metrics_table([s for s in series if s.run is run], shown) + [""]
+    lines += ["## Plots", ""]
+    for name, caption in plots:
+        lines += [f"![{name[:-4]}]({name})", "", f"*{caption}*", ""]
+    if warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
+    return "\n".join(lines)
+
+
+# -- driver -----------------------------------------------------------------------------------
+def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
+    return [
+        ("cutoff.png", "Cutoff c (solid) and live workers (dotted) per iteration.", plot_cutoff),
+        (
+            "throughput.png",
+            "Iteration time and rolling throughput (gradients/s) over wall-clock time.",
+            lambda s: plot_throughput(s, config.rolling_window),
+        ),
+        (
+            "loss.png",
+            "Training loss vs wall-clock time (time_to_loss dashed) and vs gradients "
+            "applied: throughput gains count only if the loss falls as fast per second.",
+            plot_loss,
+        ),
+        (
+            "heatmap.png",
+            "Worker x iteration run-times; red crosses: censored (cut-off) workers.",
+            plot_heatmap,
+        ),
+        (
+            "cdf.png",
+            "Run-time CDF per worker (Kaplan-Meier: cut-off run-times count as "
+            "censored, not finished).",
+            plot_cdf,
+        ),
+        (
+            "prediction.png",
+            "Predicted q10-q90 band of the iteration time vs the observed time.",
+            plot_prediction,
+        ),
+        ("decision_ms.png", "Decision time per iteration (ms), per policy.", plot_decision_ms),
+    ]
+
+
+def _save(fig: plt.Figure, path: Path, dpi: int) -> None:
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def _ensure_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BdsgdError(f"cannot create --out {out}: {exc.strerror}") from None
+
+
+def run_report(config: ReportConfig) -> ReportResult:
+    """Read every run directory, then draw each plot that applies and write ``index.md``."""
+    warnings: list[str] = []
+    runs = [load_run(p, warnings) for p in config.run_dirs]
+    series = make_series(runs)
+    _ensure_out(config.out)
+    written: list[tuple[str, str]] = []
+    for name, caption, draw in _plot_specs(config):
+        fig = draw(series)
+        if fig is not None:
+            _save(fig, config.out / name, config.dpi)
+            written.append((name, caption))
+    index = config.out / INDEX
+    write_atomic(index, render_index(runs, series, written, warnings).encode())
+    return ReportResult(index, tuple(config.out / n for n, _ in written), tuple(warnings))
