@@ -1,0 +1,54 @@
+"""``bdsgd report`` through click: exit codes, output lines, --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from bdsgd_cli.main import cli
+from schemas.run_dir import iterations_table, write_run_dir
+
+
+def _run_dir(path: Path) -> Path:
+    cols = {
+        "policy": ["static:3"] * 5,
+        "iteration": list(range(5)),
+        "wall_s": [0.1, 0.2, 0.3, 0.4, 0.5],
+        "iteration_s": [0.1] * 5,
+        "c": [3] * 5,
+        "workers": [4] * 5,
+        "decision_ms": [0.01] * 5,
+    }
+    summary = {
+        "kind": "train",
+        "traces": str(path / "no-traces"),
+        "run_id": "r",
+        "policy": "static:3",
+    }
+    write_run_dir(path, summary, iterations_table(cols))
+    return path
+
+
+def test_report_writes_index_and_json(tmp_path):
+    run = _run_dir(tmp_path / "run")
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["report", str(run), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["index"] == str(out / "index.md")
+    assert len(payload["plots"]) >= 3 and all(Path(p).is_file() for p in payload["plots"])
+    assert "warning:" in result.stderr  # the trace store is missing: plots skipped, not fatal
+
+
+def test_report_on_non_run_dir_exits_nonzero_with_one_line(tmp_path):
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error:") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+
+
+def test_report_needs_a_run_dir_and_out(tmp_path):
+    assert CliRunner().invoke(cli, ["report", "--out", str(tmp_path)]).exit_code != 0
+    assert CliRunner().invoke(cli, ["report", str(tmp_path)]).exit_code != 0
