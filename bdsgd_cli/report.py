@@ -12,7 +12,9 @@ from stages.report import ReportConfig, run_report
 
 
 @click.command("report")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument(
+    "run_dirs", nargs=-1, required=True, metavar="RUN_DIR...", type=click.Path(path_type=Path)
+)
 @click.option(
     "--out",
     required=True,
@@ -29,7 +31,7 @@ from stages.report import ReportConfig, run_report
 @options.json_out
 @run_stage
 def report(run_dirs: tuple[Path, ...], out: Path, rolling_window: int, json_out: bool) -> None:
-    """Draw what happened in RUN_DIR... (written by `train --out` or `simulate --out`).
+    """Plot what happened in run directories (written by `train --out`, `simulate --out`).
 
     Several runs are overlaid, one curve per policy: the cutoff c over iterations, iteration time
     and throughput over wall-clock time, loss vs time, a worker x iteration run-time heatmap with
