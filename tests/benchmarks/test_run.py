@@ -1,0 +1,69 @@
+"""benchmarks.run assembles the page from fake bench modules (no timings asserted)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import run as bench_run  # noqa: E402
+
+
+def _fake_benches(calls: list[bool]) -> list[bench_run.Bench]:
+    def good(quick: bool = False) -> str:
+        calls.append(quick)
+        return "## alpha\n\n| metric | value |\n|---|---|\n| throughput | 42 |\n"
+
+    def bad(quick: bool = False) -> str:
+        raise RuntimeError("cluster on fire\nsecond line")
+
+    def bare(quick: bool = False) -> str:
+        return "no heading here"
+
+    return [
+        bench_run.Bench("alpha", good),
+        bench_run.Bench("beta", bad),
+        bench_run.Bench("gamma", None, "import failed: ModuleNotFoundError: No module named 'x'"),
+        bench_run.Bench("delta", bare),
+    ]
+
+
+def test_page_has_header_sections_in_order_and_errors(monkeypatch, tmp_path):
+    calls: list[bool] = []
+    monkeypatch.setattr(bench_run, "discover", lambda: _fake_benches(calls))
+    out = tmp_path / "docs" / "benchmarks.md"
+    rc = bench_run.main(["--out", str(out), "--quick"])
+    page = out.read_text()
+    assert rc == 1  # a failure is reported in the page and in the exit status
+    assert calls == [True]  # --quick reached the benchmark
+    assert "make bench" in page and "| torch |" in page and "| cores |" in page
+    assert "| alpha | ok |" in page and "| beta | error |" in page
+    assert "error: RuntimeError: cluster on fire" in page and "second line" not in page
+    assert "## gamma\n\nerror: import failed" in page
+    assert "## delta\n\nno heading here" in page
+    body = page[page.index("## alpha") :]
+    assert body.index("## alpha") < body.index("## beta") < body.index("## gamma")
+    assert not list(out.parent.glob(".tmp-*"))
+
+
+def test_only_selects_and_rejects_unknown(monkeypatch, tmp_path):
+    calls: list[bool] = []
+    monkeypatch.setattr(bench_run, "discover", lambda: _fake_benches(calls))
+    out = tmp_path / "b.md"
+    assert bench_run.main(["--out", str(out), "--only", "alpha"]) == 0
+    assert calls == [False] and "## beta" not in out.read_text()
+    with pytest.raises(SystemExit, match="unknown benchmark"):
+        bench_run.main(["--out", str(out), "--only", "nope"])
+
+
+def test_discover_finds_bench_modules():
+    names = [b.name for b in bench_run.discover()]
+    expected = sorted(
+        p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py")
+    )
+    assert names == expected
