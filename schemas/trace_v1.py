@@ -43,7 +43,7 @@ def to_table(columns: Mapping[str, Sequence | pa.Array]) -> pa.Table:
         raise TraceError(f"trace rows lack column(s): {', '.join(missing)}")
     arrays, fields = [], list(COLUMNS)
     for f in COLUMNS:
-        arrays.append(pa.array(columns[f.name], type=f.type))
+        arrays.append(_typed_array(columns[f.name], f))
     for name, values in columns.items():
         if name not in REQUIRED:
             arr = values if isinstance(values, pa.Array) else pa.array(values)
@@ -53,8 +53,26 @@ def to_table(columns: Mapping[str, Sequence | pa.Array]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _typed_array(values: Sequence | pa.Array, f: pa.Field) -> pa.Array:
+    """One column converted to its schema type; a value that does not convert names the column."""
+    try:
+        if isinstance(values, pa.Array | pa.ChunkedArray):
+            return values.cast(f.type)
+        return pa.array(values, type=f.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceError(f"column {f.name!r} cannot be {f.type}: {detail}") from None
+
+
+# Arrow types a reader accepts for a schema type: polars writes text as large_string.
+_EQUIVALENT = {pa.string(): (pa.string(), pa.large_string())}
+
+
 def validate_schema(schema: pa.Schema, where: str = "trace") -> None:
-    """Check version metadata and the eleven columns' presence and types; name what is wrong."""
+    """Check version metadata and the eleven columns' presence and types; name what is wrong.
+
+    A file without the version key is read as v1 (tools such as polars drop schema metadata), and
+    ``large_string`` is accepted where the schema says ``string``."""
     version = (schema.metadata or {}).get(VERSION_KEY)
     if version is not None and version.decode() != SCHEMA_VERSION:
         raise TraceError(
@@ -65,7 +83,7 @@ def validate_schema(schema: pa.Schema, where: str = "trace") -> None:
         if idx < 0:
             raise TraceError(f"{where}: missing column {f.name!r}")
         actual = schema.field(idx).type
-        if actual != f.type:
+        if actual not in _EQUIVALENT.get(f.type, (f.type,)):
             raise TraceError(f"{where}: column {f.name!r} has type {actual}, expected {f.type}")
 
 
@@ -130,4 +148,3 @@ def _check_unique(table: pa.Table, where: str) -> None:
             f"{where}: duplicate row for run_id={dup['run_id']!r} "
             f"iteration={dup['iteration']} worker={dup['worker']}"
         )
-

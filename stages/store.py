@@ -68,6 +68,10 @@ class TraceStore:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path / name)
+        except OSError as exc:
+            raise TraceError(
+                f"cannot write to trace store {self.path}: {_first_line(exc)}"
+            ) from None
         finally:
             tmp.unlink(missing_ok=True)
         return self.path / name
@@ -97,7 +101,10 @@ class TraceStore:
             raise TraceError(f"trace store {self.path} holds no trace files")
         for f in files:
             validate_schema(_read_schema(f), where=str(f))
-        return pl.scan_parquet([str(f) for f in files], missing_columns="insert", extra_columns="ignore")
+        # one scan per file, concatenated diagonally: an extra column that only some files have
+        # (injected_delay_s, workload...) is kept, null elsewhere, whichever file comes first
+        scans = [pl.scan_parquet(str(f)) for f in files]
+        return pl.concat(scans, how="diagonal_relaxed")
 
     def read(self) -> pl.DataFrame:
         """All rows, values validated."""
@@ -127,7 +134,10 @@ class TraceStore:
     def run_matrices(self) -> list[RunMatrix]:
         """Every run as a :class:`RunMatrix`, sorted by run id."""
         df = self.read()
-        return [to_run_matrix(df.filter(pl.col("run_id") == rid)) for rid in sorted(df["run_id"].unique())]
+        return [
+            to_run_matrix(df.filter(pl.col("run_id") == rid))
+            for rid in sorted(df["run_id"].unique())
+        ]
 
     def run_matrix(self, run_id: str) -> RunMatrix:
         df = self.read().filter(pl.col("run_id") == run_id)
@@ -222,6 +232,8 @@ class TraceWriter:
         self._thread.join(timeout)
         if self._error is not None:
             raise TraceError(f"writing traces failed: {self._error}")
+        if self._thread.is_alive():
+            raise TraceError(f"trace writer did not finish within {timeout:g} s")
 
     def _run(self) -> None:
         while (batch := self._queue.get()) is not None:

@@ -1,0 +1,183 @@
+"""The trace store: atomic appends, readers that see only complete files, run matrices."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from schemas import to_table
+from stages import store as store_module
+from stages.errors import TraceError
+from stages.store import TraceStore, TraceWriter, new_run_id, read_trace_path
+
+
+@pytest.fixture
+def store(tmp_path) -> TraceStore:
+    return TraceStore(tmp_path / "traces")
+
+
+def test_append_and_read_round_trip(store, trace_rows):
+    rows = trace_rows(iterations=3, workers=2)
+    path = store.append(rows)
+    assert path.name.startswith("part-") and path.suffix == ".parquet"
+    df = store.read().sort("iteration", "worker")
+    assert df.height == 6
+    assert df["runtime_s"].to_list() == rows["runtime_s"]
+    assert df["host"].to_list() == rows["host"]
+    assert df["cutoff"].null_count() == 6
+
+
+def test_two_appends_make_two_files(store, trace_rows):
+    store.append(trace_rows(run_id="a"))
+    store.append(trace_rows(run_id="b"))
+    assert len(store.files()) == 2
+    runs = store.runs()
+    assert runs["run_id"].to_list() == ["a", "b"]
+    assert runs["rows"].to_list() == [4, 4]
+
+
+def test_extra_columns_survive_whatever_file_comes_first(store, trace_rows):
+    store.append(trace_rows(run_id="a"))
+    store.append({**trace_rows(run_id="b"), "injected_delay_s": [0.5] * 4})
+    df = store.read().sort("run_id")
+    assert df["injected_delay_s"].to_list() == [None] * 4 + [0.5] * 4
+
+
+def test_crash_between_write_and_rename_leaves_no_trace(store, trace_rows, monkeypatch):
+    first = store.append(trace_rows(run_id="a"))
+    before = first.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "replace", crash)
+    with pytest.raises(TraceError, match="cannot write to trace store"):
+        store.append(trace_rows(run_id="b"))
+    monkeypatch.undo()
+    assert sorted(p.name for p in store.path.iterdir()) == [first.name]
+    assert first.read_bytes() == before
+    assert store.read()["run_id"].unique().to_list() == ["a"]
+
+
+def test_leftover_temp_file_is_ignored(store, trace_rows):
+    store.append(trace_rows(run_id="a"))
+    (store.path / ".tmp-part-1-half.parquet").write_bytes(b"PAR1 half written")
+    assert len(store.files()) == 1
+    assert store.read().height == 4
+
+
+@pytest.mark.parametrize("cut", ["truncated", "garbage"])
+def test_corrupt_part_file_is_a_one_line_error_naming_it(store, trace_rows, cut):
+    good = store.append(trace_rows(run_id="a"))
+    data = good.read_bytes()
+    bad = store.path / "part-99999999999999999999-bad.parquet"
+    bad.write_bytes(data[: len(data) // 2] if cut == "truncated" else b"not parquet at all")
+    with pytest.raises(TraceError) as info:
+        store.read()
+    message = str(info.value)
+    assert bad.name in message and "\n" not in message
+
+
+def test_empty_store_is_an_error(store):
+    with pytest.raises(TraceError, match="holds no trace files"):
+        store.read()
+    store.path.mkdir()
+    with pytest.raises(TraceError, match="holds no trace files"):
+        store.read()
+
+
+def test_invalid_rows_are_refused_before_anything_is_written(store, trace_rows):
+    rows = trace_rows()
+    rows["runtime_s"][0] = float("nan")
+    with pytest.raises(TraceError, match="runtime_s is not finite"):
+        store.append(rows)
+    assert store.files() == []
+
+
+def test_run_matrix_shapes_and_masks_with_a_missing_row(store, trace_rows):
+    rows = trace_rows(iterations=3, workers=2)
+    rows["censored"][3] = True  # iteration 1, worker 1
+    keep = [i for i in range(6) if i != 4]  # drop iteration 2, worker 0
+    store.append({k: [v[i] for i in keep] for k, v in rows.items()})
+    store.append(trace_rows(iterations=2, workers=3, run_id="run-b"))
+    run = store.run_matrix("run-a")
+    assert run.shape == (3, 2)
+    assert run.present.tolist() == [[True, True], [True, True], [False, True]]
+    assert run.censored.tolist() == [[False, False], [False, True], [False, False]]
+    assert np.isnan(run.runtimes[2, 0]) and run.runtimes[2, 1] == 2.0
+    assert run.hosts == ("h0", "h1")
+    assert [m.shape for m in store.run_matrices()] == [(3, 2), (2, 3)]
+    with pytest.raises(TraceError, match="no run 'nope'"):
+        store.run_matrix("nope")
+
+
+def test_read_trace_path_reads_a_single_file_or_a_directory(store, trace_rows, tmp_path):
+    path = store.append(trace_rows())
+    assert read_trace_path(path).height == 4
+    assert read_trace_path(store.path).height == 4
+    with pytest.raises(TraceError, match="no trace at"):
+        read_trace_path(tmp_path / "missing.parquet")
+
+
+def _one_iteration(t: int, workers: int = 2) -> dict[str, list]:
+    return {
+        "run_id": ["w"] * workers,
+        "iteration": [t] * workers,
+        "worker": list(range(workers)),
+        "host": ["h"] * workers,
+        "world_size": [workers] * workers,
+        "start_s": [0.0] * workers,
+        "runtime_s": [1.0] * workers,
+        "censored": [False] * workers,
+        "cutoff": [1] * workers,
+        "policy": ["static:1"] * workers,
+        "source": ["train"] * workers,
+    }
+
+
+def test_trace_writer_batches_and_close_flushes(store):
+    writer = TraceWriter(store, batch_rows=4)
+    for t in range(5):
+        writer.add(_one_iteration(t))
+    writer.close()
+    assert writer.rows_written == 10
+    assert len(writer.files) == 3  # 4 + 4 rows in batches, 2 flushed by close
+    assert sorted(store.read()["iteration"].unique().to_list()) == [0, 1, 2, 3, 4]
+
+
+def test_trace_writer_reports_a_failed_batch(store):
+    writer = TraceWriter(store, batch_rows=100)
+    bad = _one_iteration(0)
+    bad["runtime_s"] = [-1.0, 1.0]
+    writer.add(bad)
+    with pytest.raises(TraceError, match="writing traces failed"):
+        writer.close()
+    assert store.files() == []
+
+
+def test_unwritable_directory_is_an_error(tmp_path, trace_rows):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who may write anywhere (root)")
+        with pytest.raises(TraceError, match="trace store"):
+            TraceStore(locked / "traces").append(trace_rows())
+    finally:
+        locked.chmod(0o700)
+
+
+def test_new_run_id_is_unique_and_prefixed():
+    ids = {new_run_id("import") for _ in range(20)}
+    assert len(ids) == 20 and all(i.startswith("import-") for i in ids)
+
+
+def test_appended_table_keeps_schema_metadata(store, trace_rows):
+    path = store.append(to_table(trace_rows()))
+    assert pq.read_schema(path).metadata[b"bdsgd.trace_schema"] == b"1"
+    assert pq.read_schema(path).field("worker").type == pa.int32()

@@ -1,0 +1,133 @@
+"""Injected stragglers: spec parsing, determinism, host correlation, replay of a trace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stages.errors import ConfigError, TraceError
+from stages.store import TraceStore
+from stages.stragglers import (
+    NoStragglers,
+    ReplayCluster,
+    SyntheticCluster,
+    parse_stragglers,
+)
+
+
+def test_none_spec_gives_zero_delays():
+    model = parse_stragglers("none")
+    assert isinstance(model.inner, NoStragglers)
+    assert not model.delays(5, 3).any()
+    assert model.host_of(3) is None
+
+
+def test_synthetic_spec_parameters_are_parsed():
+    model = parse_stragglers("synthetic:hosts=2,base_s=0.5,p_slow=0.1", seed=7, time_scale=0.5)
+    cluster = model.inner
+    assert isinstance(cluster, SyntheticCluster)
+    assert (cluster.hosts, cluster.base_s, cluster.p_slow, cluster.seed) == (2, 0.5, 0.1, 7)
+    assert isinstance(cluster.hosts, int)
+    assert model.scale == 0.5
+    assert model.host_of(4) == ["host0", "host1", "host0", "host1"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "bogus",
+        "none:extra",
+        "synthetic:nope=1",
+        "synthetic:hosts",
+        "synthetic:hosts=two",
+        "synthetic:hosts=1.5",
+        "synthetic:seed=3",
+        "synthetic:p_slow=2",
+        "synthetic:base_s=0",
+        "synthetic:slow_factor=0.5",
+        "replay:",
+    ],
+)
+def test_bad_specs_are_config_errors(spec):
+    with pytest.raises(ConfigError):
+        parse_stragglers(spec)
+
+
+def test_time_scale_must_be_positive():
+    with pytest.raises(ConfigError, match="time-scale"):
+        parse_stragglers("none", time_scale=0)
+
+
+def test_same_seed_same_delays_other_seed_other_delays():
+    a = parse_stragglers("synthetic", seed=3).delays(50, 6)
+    b = parse_stragglers("synthetic", seed=3).delays(50, 6)
+    c = parse_stragglers("synthetic", seed=4).delays(50, 6)
+    assert a.shape == (50, 6) and (a > 0).all()
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_time_scale_multiplies_delays():
+    full = parse_stragglers("synthetic", seed=1).delays(20, 4)
+    scaled = parse_stragglers("synthetic", seed=1, time_scale=0.01).delays(20, 4)
+    np.testing.assert_allclose(scaled, full * 0.01)
+
+
+def test_workers_of_a_slow_host_are_slow_together():
+    cluster = SyntheticCluster(
+        hosts=2,
+        slow_factor=10.0,
+        p_slow=0.2,
+        p_recover=0.2,
+        sigma=0.02,
+        worker_spread=0.0,
+        drift=0.0,
+        spike_p=0.0,
+        seed=5,
+    )
+    delays = cluster.delays(400, 4)  # workers 0, 2 on host0; 1, 3 on host1
+    slow = delays > 3 * cluster.base_s
+    assert slow.any() and not slow.all()
+    np.testing.assert_array_equal(slow[:, 0], slow[:, 2])
+    np.testing.assert_array_equal(slow[:, 1], slow[:, 3])
+    assert (slow[:, 0] != slow[:, 1]).any()  # hosts are not slow in lockstep
+
+
+def _replay_store(tmp_path, trace_rows) -> TraceStore:
+    store = TraceStore(tmp_path / "traces")
+    rows = trace_rows(iterations=3, workers=2)
+    rows["runtime_s"] = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # x[t, w] = 2t + w + 1
+    store.append(rows)
+    store.append(trace_rows(iterations=1, workers=5, run_id="run-z", runtime_s=9.0))
+    return store
+
+
+def test_replay_wraps_workers_and_iterations(tmp_path, trace_rows):
+    store = _replay_store(tmp_path, trace_rows)
+    model = parse_stragglers(f"replay:{store.path}", time_scale=2.0)
+    assert isinstance(model.inner, ReplayCluster)
+    delays = model.delays(5, 3)  # 3 workers over a 2-worker trace, 5 iterations over 3
+    for t in range(5):
+        for w in range(3):
+            assert delays[t, w] == 2.0 * (2 * (t % 3) + (w % 2) + 1)
+    assert model.host_of(3) == ["h0", "h1", "h0"]
+
+
+def test_replay_of_a_single_file(tmp_path, trace_rows):
+    store = _replay_store(tmp_path, trace_rows)
+    model = parse_stragglers(f"replay:{store.files()[0]}")
+    assert model.delays(3, 2).tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+
+
+def test_replay_fills_a_missing_row_with_the_worker_median(tmp_path, trace_rows):
+    rows = trace_rows(iterations=3, workers=2)
+    rows["runtime_s"] = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    store = TraceStore(tmp_path / "traces")
+    store.append({k: v[:5] for k, v in rows.items()})  # iteration 2, worker 1 missing
+    delays = parse_stragglers(f"replay:{store.path}").delays(3, 2)
+    assert delays[2, 1] == 3.0  # median of 2.0 and 4.0
+
+
+def test_replay_of_a_missing_path_is_a_trace_error(tmp_path):
+    with pytest.raises(TraceError):
+        parse_stragglers(f"replay:{tmp_path / 'nothing'}")
