@@ -97,13 +97,14 @@ class Series:
     run: Run
     policy: str
     rows: pl.DataFrame = field(repr=False)
+    color: str = "C0"  # the same in every plot
 
 
 # -- reading ----------------------------------------------------------------------------------
 def load_run(path: Path, warnings: list[str]) -> Run:
     """Read a run directory and, if reachable, the worker traces it points to."""
     summary, table = read_run_dir(path)
-    rows = pl.from_arrow(table).sort(["policy", "iteration"])
+    rows = pl.from_arrow(table)  # policies keep the order the run wrote them in
     name = path.resolve().name or str(path)
     return Run(path, name, summary, rows, _load_matrix(path, summary, warnings))
 
@@ -140,9 +141,10 @@ def make_series(runs: list[Run]) -> list[Series]:
             label=p if counts[p] == 1 else f"{p} ({run.name})",
             run=run,
             policy=p,
-            rows=run.iterations.filter(pl.col("policy") == p),
+            rows=run.iterations.filter(pl.col("policy") == p).sort("iteration"),
+            color=f"C{i % 10}",
         )
-        for run, p in pairs
+        for i, (run, p) in enumerate(pairs)
     ]
 
 
@@ -182,37 +184,34 @@ def kaplan_meier(times: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, n
 
 
 # -- plots: each takes the series (or runs) and returns a figure, or None when nothing applies --
+def _legend_outside(ax: plt.Axes) -> None:
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
 def plot_cutoff(series: list[Series]) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     for s in series:
-        (line,) = ax.step(
-            _values(s, "iteration"), _values(s, "c"), where="post", label=f"c, {s.label}"
-        )
-        ax.plot(
-            _values(s, "iteration"),
-            _values(s, "workers"),
-            ls=":",
-            color=line.get_color(),
-            label=f"live workers, {s.label}",
-        )
-    ax.set(
-        xlabel="iteration",
-        ylabel="gradients applied c / live workers",
-        title="Cutoff c over training",
-    )
-    ax.legend(fontsize="small", ncol=2)
+        it = _values(s, "iteration")
+        ax.step(it, _values(s, "c"), where="post", lw=0.9, color=s.color, label=s.label)
+        ax.step(it, _values(s, "workers"), where="post", ls=":", lw=1.2, color=s.color)
+    ax.plot([], [], ls=":", color="grey", label="live workers (dotted)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="iteration", ylabel="c (gradients applied)", title="Cutoff c over training")
+    _legend_outside(ax)
+    fig.tight_layout()
     return fig
 
 
 def plot_throughput(series: list[Series], window: int) -> plt.Figure:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for s in series:
         wall, secs = _values(s, "wall_s"), _values(s, "iteration_s")
-        top.plot(wall, secs, lw=0.8, label=s.label)
-        bottom.plot(wall, rolling_throughput(_values(s, "c"), secs, window), label=s.label)
+        top.plot(wall, secs, lw=0.6, color=s.color, label=s.label)
+        bottom.plot(wall, rolling_throughput(_values(s, "c"), secs, window), color=s.color)
     top.set(ylabel="iteration time (s)", title="Iteration time and throughput")
     bottom.set(xlabel="wall-clock time (s)", ylabel=f"gradients/s (rolling {window})")
-    bottom.legend(fontsize="small")
+    _legend_outside(top)
+    fig.tight_layout()
     return fig
 
 
@@ -220,26 +219,28 @@ def plot_loss(series: list[Series]) -> plt.Figure | None:
     with_loss = [s for s in series if has_values(s, "loss")]
     if not with_loss:
         return None
-    fig, (by_time, by_grads) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, (by_time, by_grads) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
     for s in with_loss:
         loss = _values(s, "loss")
-        (line,) = by_time.plot(_values(s, "wall_s"), loss, lw=0.8, label=s.label)
-        by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, color=line.get_color())
-        ttl = s.run.summary.get("time_to_loss")
+        by_time.plot(_values(s, "wall_s"), loss, lw=0.8, color=s.color)
+        by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, color=s.color, label=s.label)
+        ttl = _summary_for(s).get("time_to_loss")
         if isinstance(ttl, (int, float)) and np.isfinite(ttl):
-            by_time.axvline(ttl, ls="--", color=line.get_color(), lw=0.8)
+            by_time.axvline(ttl, ls="--", color=s.color, lw=0.8)
     target = next(
         (s.run.summary["target_loss"] for s in with_loss if "target_loss" in s.run.summary), None
     )
     if isinstance(target, (int, float)):
-        by_time.axhline(target, color="grey", ls=":", lw=0.8, label="target loss")
+        by_grads.axhline(target, color="grey", ls=":", lw=0.8, label="target loss")
+        by_time.axhline(target, color="grey", ls=":", lw=0.8)
     by_time.set(
         xlabel="wall-clock time (s)",
         ylabel="training loss",
         title="Loss vs time (dashed: time_to_loss)",
     )
     by_grads.set(xlabel="gradients applied (cumulative c)", title="Loss vs gradients applied")
-    by_time.legend(fontsize="small")
+    _legend_outside(by_grads)
+    fig.tight_layout()
     return fig
 
 
@@ -313,8 +314,8 @@ def plot_prediction(series: list[Series]) -> plt.Figure | None:
     for ax, s in zip(axes[:, 0], predicted, strict=True):
         it, actual = _values(s, "iteration"), _values(s, "iteration_s")
         lo, mid, hi = _values(s, "pred_q10"), _values(s, "pred_q50"), _values(s, "pred_q90")
-        ax.fill_between(it, lo, hi, alpha=0.3, step="mid", label="predicted q10-q90")
-        ax.plot(it, mid, lw=0.8, label="predicted median")
+        ax.fill_between(it, lo, hi, alpha=0.3, color=s.color, step="mid", label="predicted q10-q90")
+        ax.plot(it, mid, lw=0.8, color=s.color, label="predicted median")
         ax.plot(it, actual, ".", ms=3, color="black", label="observed")
         known = np.isfinite(lo) & np.isfinite(hi)
         coverage = np.mean((actual[known] >= lo[known]) & (actual[known] <= hi[known]))
