@@ -267,7 +267,8 @@ def plot_heatmap(series: list[Series]) -> plt.Figure | None:
             cmap="viridis",
         )
         it, wk = np.nonzero(m.censored & m.present)
-        ax.scatter(it, wk, marker="x", s=30, color="red", lw=0.8, label="censored (cut off)")
+        size = 30 if m.shape[0] <= 100 else 6  # crosses must not hide a long run
+        ax.scatter(it, wk, marker="x", s=size, color="red", lw=0.8, label="censored (cut off)")
         ax.set(xlabel="iteration", ylabel="worker", title=f"Run-times, {run.name} ({m.run_id})")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(img, ax=ax, label="run-time (s)")
