@@ -1,0 +1,51 @@
+"""``bdsgd profile``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bdsgd_cli import options
+from bdsgd_cli.common import emit_json, run_stage
+
+
+@click.command()
+@options.workers
+@options.iterations
+@options.traces
+@options.workload
+@options.batch_size
+@options.stragglers
+@options.time_scale
+@options.seed
+@click.option(
+    "--micro-batches",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Micro-batches per mini-batch: where a cut-off computation can stop.",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the server binds to (loopback unless you name one).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait on another process before declaring it dead.",
+)
+@options.json_out
+@run_stage
+def profile(json_out: bool, traces: str, **kwargs) -> None:
+    """Measure N real worker processes into Parquet run-time traces (fully synchronous)."""
+    from stages.profile import ProfileConfig, run_profile
+
+    result = run_profile(ProfileConfig(traces=Path(traces), **kwargs))
+    if json_out:
+        emit_json({"run_id": result.run_id, "rows": result.rows, "traces": str(result.traces)})

@@ -1,0 +1,122 @@
+"""``bdsgd train``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bdsgd_cli import options
+from bdsgd_cli.common import emit_json, run_stage
+
+SPEC_KEYS = (
+    "policy",
+    "iterations",
+    "wall_s",
+    "throughput",
+    "mean_c",
+    "final_loss",
+    "time_to_loss",
+    "decision_ms_p50",
+    "decision_ms_p99",
+)
+
+
+@click.command()
+@click.option("--workers", type=int, help="Number of worker processes N.")
+@click.option("--iterations", type=int, help="Iterations T (with --resume: extend the run to T).")
+@click.option("--policy", help="full, static:C, elfving, ecdf, ewma or bdsgd.")
+@click.option(
+    "--traces", type=click.Path(file_okay=False), help="Trace store the rows are appended to."
+)
+@click.option("--out", type=click.Path(file_okay=False), help="Run directory to write.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), help="Fitted model (for bdsgd).")
+@options.stragglers
+@options.time_scale
+@options.workload
+@options.batch_size
+@click.option(
+    "--micro-batches",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Micro-batches per mini-batch: where a cut-off computation stops.",
+)
+@click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate at c = N.")
+@click.option(
+    "--lr-scaling",
+    type=click.Choice(["linear", "sqrt", "none"]),
+    default="linear",
+    show_default=True,
+    help="How the learning rate follows the number of gradients c.",
+)
+@options.seed
+@click.option("--target-loss", type=float, help="Smoothed training loss that defines time_to_loss.")
+@click.option(
+    "--min-workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Fail when fewer workers than this are alive.",
+)
+@click.option(
+    "--overhead-s",
+    default="auto",
+    show_default=True,
+    help="Fixed cost per iteration given to the policy, seconds, or 'auto' to measure it.",
+)
+@click.option(
+    "--resume",
+    "resume",
+    type=click.Path(file_okay=False, exists=True),
+    help="Continue the killed run in this run directory.",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the server binds to (loopback unless you name one).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait on another process before declaring it dead.",
+)
+@options.json_out
+@run_stage
+def train(json_out: bool, resume: str | None, **kwargs) -> None:
+    """Cutoff-controlled synchronous SGD: apply the first c gradients, drop the stragglers,
+    append every observation (censored ones too) to the traces."""
+    from stages.train import run_train
+
+    cfg = _config(resume, kwargs)
+    summary = run_train(cfg, resume=resume is not None)
+    if json_out:
+        emit_json({k: summary[k] for k in SPEC_KEYS} | {"run_id": summary["run_id"]})
+
+
+def _config(resume: str | None, kw: dict):
+    from stages.errors import ConfigError
+    from stages.train import TrainConfig, resume_config
+
+    if resume:
+        return resume_config(Path(resume), kw["iterations"])
+    missing = [
+        f"--{k.replace('_', '-')}"
+        for k in ("workers", "iterations", "policy", "traces", "out")
+        if kw[k] is None
+    ]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or pass --resume RUN_DIR)")
+    overhead = kw.pop("overhead_s")
+    try:
+        kw["overhead_s"] = None if overhead == "auto" else float(overhead)
+    except ValueError:
+        raise ConfigError(
+            f"--overhead-s must be a number of seconds or 'auto', got {overhead!r}"
+        ) from None
+    paths = {k: Path(kw[k]) if kw[k] else None for k in ("traces", "out", "checkpoint")}
+    return TrainConfig(**{**kw, **paths})

@@ -1,0 +1,139 @@
+"""Starting and stopping an engine run on one machine: the control store, N spawned worker
+processes, the server loop in this process, periodic server checkpoints, and a shutdown that
+leaves no process behind (stop keys, bounded joins, then terminate and kill)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stages.engine import protocol as P
+from stages.engine.server import EngineConfig, Server
+from stages.engine.worker import WorkerSpec, worker_main
+from stages.policies.base import Policy
+from stages.store import TraceStore, TraceWriter
+from stages.workloads import load_workload
+
+STATE_FILE = "server_state.pt"
+
+
+@dataclass
+class EngineResult:
+    log: dict[str, list]
+    dead_workers: dict[int, int]  # worker -> iteration it was declared dead
+    rows_written: int
+    trace_files: list[Path]
+    interrupted: bool
+    final_eval_loss: float
+
+
+def run_engine(
+    cfg: EngineConfig,
+    policy: Policy,
+    traces: Path,
+    on_iteration: Callable[[int, dict], None],
+    run_dir: Path | None = None,
+    resume: dict | None = None,
+) -> EngineResult:
+    """Run iterations ``[start, cfg.iterations)``; the server is this process."""
+    P.quiet_c10d_logs()
+    workload = load_workload(cfg.workload, seed=cfg.seed)
+    store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
+    start = int(resume["next_iteration"]) if resume else 0
+    store.set("start_iteration", str(start))
+    writer = TraceWriter(TraceStore(traces), batch_rows=cfg.record_batch * cfg.workers)
+    procs = spawn_workers(cfg, store.port, start)
+    server = Server(cfg, store, workload, policy, writer, alive=lambda w: procs[w].is_alive())
+    if resume:
+        server.load_state(resume)
+    interrupted = False
+    try:
+        server.run(start, _with_checkpoints(server, on_iteration, run_dir))
+    except KeyboardInterrupt:
+        interrupted = True  # the caller writes what it has, then reports the interrupt
+    finally:
+        stop_workers(store, procs, server.current)
+        server.collect_records(upto=server.current, final=True)
+        writer.close()
+        if run_dir is not None and server.current >= 0:
+            save_state(run_dir, server.state(server.current + 1))
+    return EngineResult(
+        server.log.rows,
+        server.dead_at,
+        writer.rows_written,
+        writer.files,
+        interrupted,
+        server.evaluate(),
+    )
+
+
+def spawn_workers(cfg: EngineConfig, port: int, start: int) -> list[mp.Process]:
+    ctx = mp.get_context("spawn")
+    procs = []
+    for w in range(cfg.workers):
+        spec = WorkerSpec(
+            worker_id=w + 1,
+            num_workers=cfg.workers,
+            store_host=cfg.host,
+            store_port=port,
+            bind_host=cfg.host,
+            workload=cfg.workload,
+            batch_size=cfg.batch_size,
+            micro_batches=cfg.micro_batches,
+            stragglers=cfg.stragglers,
+            time_scale=cfg.time_scale,
+            seed=cfg.seed,
+            iterations=cfg.iterations,
+            record_batch=cfg.record_batch,
+            t0_epoch=time.time(),
+            timeout_s=cfg.timeout_s,
+        )
+        proc = ctx.Process(target=worker_main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
+        proc.start()
+        procs.append(proc)
+    return procs
+
+
+def stop_workers(store, procs: list[mp.Process], current: int, grace_s: float = 10.0) -> None:
+    """Tell workers to stop after ``current``, cut it short, wait (bounded), then force."""
+    try:
+        for t in (current, current + 1):
+            if t >= 0 and not store.check([P.go_key(t)]):
+                store.set(P.go_key(t), P.STOP)
+        if current >= 0:
+            store.set(P.cut_key(current), "1")
+    except RuntimeError:
+        pass  # the store is gone: workers will notice and exit on their own
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(deadline - time.monotonic(), 0.1))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+
+
+def _with_checkpoints(server: Server, on_iteration, run_dir: Path | None):
+    def callback(t: int, row: dict) -> None:
+        on_iteration(t, row)
+        if run_dir is not None and (t + 1) % server.cfg.record_batch == 0:
+            save_state(run_dir, server.state(t + 1))
+
+    return callback
+
+
+def save_state(run_dir: Path, state: dict) -> None:
+    """Atomically replace the server checkpoint in the run directory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".tmp-{STATE_FILE}"
+    torch.save(state, tmp)
+    os.replace(tmp, run_dir / STATE_FILE)

@@ -1,0 +1,336 @@
+"""The parameter server loop. One iteration reads top to bottom in :meth:`Server.iteration`:
+choose c, send parameters, admit c gradients in ticket order, step, tell the policy."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector
+
+from stages.engine import protocol as P
+from stages.errors import WorkerError
+from stages.policies.base import Policy
+from stages.store import TraceWriter
+from stages.workloads import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Settings of one engine run (built by the profile and train stages)."""
+
+    workers: int
+    iterations: int
+    run_id: str
+    source: str  # "profile" or "train": the trace rows' source
+    workload: str = "mlp"
+    batch_size: int = 32
+    micro_batches: int = 4
+    stragglers: str = "none"
+    time_scale: float = 1.0
+    seed: int = 0
+    lr: float = 0.05
+    momentum: float = 0.9
+    lr_scaling: str = "linear"  # linear | sqrt | none: lr * f(c / live workers)
+    record_batch: int = 25  # iterations per trace batch (and per server checkpoint)
+    eval_every: int = 10
+    min_workers: int = 1
+    timeout_s: float = 60.0
+    host: str = "127.0.0.1"
+    hosts: tuple[str, ...] = ()  # trace host of each worker (emulated hosts, or the machine)
+    overhead_s: float | None = None  # None: measure it and feed it to the policy
+
+
+@dataclass
+class IterationLog:
+    """What the server keeps per iteration (metrics for the run dir, facts for trace rows)."""
+
+    rows: dict[str, list] = field(default_factory=dict)
+
+    def add(self, **values) -> None:
+        for k, v in values.items():
+            self.rows.setdefault(k, []).append(v)
+
+
+class Server:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        store: dist.Store,
+        workload: Workload,
+        policy: Policy,
+        writer: TraceWriter,
+        alive: Callable[[int], bool],
+    ):
+        self.cfg, self.store, self.policy, self.writer, self.alive = (
+            cfg,
+            store,
+            policy,
+            writer,
+            alive,
+        )
+        self.workload, self.model = workload, workload.model
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        self.live = np.ones(cfg.workers, dtype=bool)
+        self.dead_at: dict[int, int] = {}
+        self.generation, self.group, self.members = -1, None, [0]
+        self.pending_sends: list = []
+        self.log = IterationLog()
+        self.sent: dict[int, np.ndarray] = {}  # iteration -> workers sent parameters
+        self.next_batch = 0
+        self.current = -1
+        self.facts: dict[int, dict] = {}
+        self.overhead = 0.0
+        self.t0 = time.perf_counter()
+        self.grad_buf = torch.zeros(
+            P.GRAD_HEADER + parameters_to_vector(self.model.parameters()).numel()
+        )
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
+        for t in range(start, self.cfg.iterations):
+            self.current = t
+            on_iteration(t, self.iteration(t))
+            self.collect_records(upto=t - max(2, self.cfg.record_batch // 2))
+
+    def iteration(self, t: int) -> dict:
+        self.reap()
+        tic = time.perf_counter()
+        c = min(self.policy.choose(self.live.copy()), int(self.live.sum()))
+        decision_ms = (time.perf_counter() - tic) * 1e3
+        start = time.perf_counter()
+        self.announce(t, c)
+        admitted, grad_sum = self.admit(t, c)
+        iteration_s = time.perf_counter() - start
+        lr = self.apply(grad_sum, len(admitted))
+        runtimes = self.observe(admitted)
+        self.measure_overhead(iteration_s, runtimes)
+        return self.record(t, c, admitted, iteration_s, decision_ms, lr, start)
+
+    # -- steps of an iteration ----------------------------------------------------------------
+    def announce(self, t: int, c: int) -> None:
+        """New generation if the live set changed, then parameters to every live worker."""
+        members = [0] + [int(w) + 1 for w in np.flatnonzero(self.live)]
+        if members != self.members:
+            self.generation += 1
+            self.store.set(P.members_key(self.generation), P.encode_members(members))
+        self.store.set(P.go_key(t), str(self.generation))
+        if members != self.members:
+            self.group = P.build_group(
+                self.store, self.generation, members, 0, self.cfg.host, self.cfg.timeout_s
+            )
+            self.members = members
+        payload = P.pack_params(parameters_to_vector(self.model.parameters()).detach(), t, c)
+        self.pending_sends = [
+            self.group.send([payload], r, P.PARAMS_TAG) for r in range(1, len(members))
+        ]
+        self.sent[t] = self.live.copy()
+
+    def admit(self, t: int, c: int) -> tuple[list[tuple[int, float, float]], torch.Tensor | None]:
+        """Receive gradients in ticket order until c are in (or no live worker can send more)."""
+        admitted, grad_sum = [], None
+        deadline = time.monotonic() + self.cfg.timeout_s
+        for ticket in range(1, c + 1):
+            wid = self.wait_arrival(t, ticket, deadline)
+            if wid is None:
+                break
+            self.group.recv([self.grad_buf], self.members.index(wid), P.GRAD_TAG).wait()
+            runtime, loss, worker = self.grad_buf[: P.GRAD_HEADER].tolist()
+            admitted.append((int(worker), runtime, loss))
+            g = self.grad_buf[P.GRAD_HEADER :]
+            grad_sum = g.clone() if grad_sum is None else grad_sum.add_(g)
+        if len(admitted) < c:
+            self.store.set(P.cut_key(t), "1")  # close the iteration for whoever is still out
+        return admitted, grad_sum
+
+    def wait_arrival(self, t: int, ticket: int, deadline: float) -> int | None:
+        """The worker id holding ``ticket``, or None once fewer live workers remain than tickets."""
+        key = P.arrival_key(t, ticket)
+        while not P.wait_key(self.store, key, 0.05):
+            if self.reap() and ticket > int(self.live.sum()):
+                return None
+            if time.monotonic() > deadline:
+                self.declare_dead(self.unfinished(t), t)
+                return None
+        return int(self.store.get(key).decode())
+
+    def apply(self, grad_sum: torch.Tensor | None, n: int) -> float:
+        """Average the admitted gradients and step, with the learning rate scaled to n."""
+        live = max(int(self.live.sum()), 1)
+        scale = {"linear": n / live, "sqrt": math.sqrt(n / live), "none": 1.0}[self.cfg.lr_scaling]
+        lr = self.cfg.lr * scale
+        if grad_sum is None:
+            return lr
+        offset = 0
+        for p in self.model.parameters():
+            p.grad = (grad_sum[offset : offset + p.numel()] / n).view_as(p)
+            offset += p.numel()
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.step()
+        return lr
+
+    def observe(self, admitted: list[tuple[int, float, float]]) -> np.ndarray:
+        """Tell the policy what the server saw: admitted run-times exactly, everyone else
+        censored at the moment of the cut (the last admitted run-time)."""
+        cut = max((rt for _, rt, _ in admitted), default=0.0)
+        runtimes = np.full(self.cfg.workers, max(cut, 1e-6))
+        censored = np.ones(self.cfg.workers, dtype=bool)
+        for w, rt, _ in admitted:
+            runtimes[w], censored[w] = max(rt, 1e-6), False
+        self.policy.observe(runtimes, censored)
+        return runtimes[~censored]
+
+    def measure_overhead(self, iteration_s: float, runtimes: np.ndarray) -> None:
+        """The engine's fixed cost: iteration time beyond the c-th run-time, smoothed."""
+        if runtimes.size:
+            self.overhead = 0.9 * self.overhead + 0.1 * max(iteration_s - runtimes.max(), 0.0)
+        self.policy.overhead_s = (
+            self.cfg.overhead_s if self.cfg.overhead_s is not None else self.overhead
+        )
+
+    def record(self, t, c, admitted, iteration_s, decision_ms, lr, start) -> dict:
+        losses = [loss for _, _, loss in admitted]
+        row = dict(
+            policy=self.policy.name,
+            iteration=t,
+            wall_s=time.perf_counter() - self.t0,
+            iteration_s=iteration_s,
+            c=len(admitted),
+            workers=int(self.live.sum()),
+            decision_ms=decision_ms,
+            loss=float(np.mean(losses)) if losses else None,
+            eval_loss=self.evaluate() if t % self.cfg.eval_every == 0 else None,
+            lr=lr,
+            staleness=0.0,
+            chosen_c=c,
+            start_s=start - self.t0,
+            busy_s=float(sum(rt for _, rt, _ in admitted)),
+        )
+        predicted = self.policy.describe()
+        row.update({k: predicted.get(k) for k in ("pred_q10", "pred_q50", "pred_q90")})
+        self.log.add(**row)
+        self.facts[t] = row
+        return row
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        x, y = self.workload.eval_batch
+        return float(self.workload.loss(self.model(x), y))
+
+    # -- liveness -----------------------------------------------------------------------------
+    def reap(self) -> bool:
+        """Mark workers whose process ended as dead; True if any newly died."""
+        newly = [w for w in np.flatnonzero(self.live) if not self.alive(int(w))]
+        if newly:
+            self.declare_dead(newly, len(self.log.rows.get("iteration", [])))
+        return bool(newly)
+
+    def declare_dead(self, workers, t: int) -> None:
+        for w in workers:
+            self.live[int(w)] = False
+            self.dead_at.setdefault(int(w), t)
+        if self.live.sum() < self.cfg.min_workers:
+            raise WorkerError(
+                f"only {int(self.live.sum())} worker(s) left, fewer than --min-workers {self.cfg.min_workers}"
+            )
+
+    def unfinished(self, t: int) -> list[int]:
+        """Live workers that have not taken a ticket in iteration t (blamed on a timeout)."""
+        arrived = set()
+        ticket = 1
+        while self.store.check([P.arrival_key(t, ticket)]):
+            arrived.add(int(self.store.get(P.arrival_key(t, ticket)).decode()) - 1)
+            ticket += 1
+        return [int(w) for w in np.flatnonzero(self.live) if int(w) not in arrived]
+
+    # -- trace rows ---------------------------------------------------------------------------
+    def collect_records(self, upto: int, final: bool = False) -> None:
+        """Append trace rows of every record batch whose iterations all ended by ``upto``
+        (``final``: also the last, partial batch)."""
+        b = self.cfg.record_batch
+        last = upto // b if final else (upto + 1) // b - 1
+        while self.next_batch <= last:
+            if rows := self.batch_rows(self.next_batch):
+                self.writer.add(rows)
+            self.next_batch += 1
+
+    def batch_rows(self, batch: int) -> dict[str, list]:
+        """Rows of one record batch. A worker that was sent an iteration but never reported it
+        (it died) is censored at the moment the iteration ended."""
+        b = self.cfg.record_batch
+        records = self.read_records(batch)
+        rows: dict[str, list] = {}
+        for t in range(batch * b, (batch + 1) * b):
+            if t not in self.sent:
+                continue
+            facts = self.facts.pop(t)
+            sent = self.sent.pop(t)
+            cutoff = facts["chosen_c"] if facts["chosen_c"] < int(sent.sum()) else None
+            for w in np.flatnonzero(sent):
+                rec = records.get((t, int(w))) or P.Record(
+                    t, facts["start_s"], facts["iteration_s"], True, 0.0
+                )
+                self._row(rows, rec, int(w), cutoff)
+        return rows
+
+    def read_records(self, batch: int) -> dict[tuple[int, int], P.Record]:
+        out = {}
+        for w in range(self.cfg.workers):
+            key = P.record_key(w, batch)
+            if self.store.check([key]):
+                for rec in P.Record.decode_all(self.store.get(key)):
+                    out[(rec.iteration, w)] = rec
+                self.store.delete_key(key)
+        return out
+
+    def _row(self, rows: dict[str, list], rec: P.Record, w: int, cutoff: int | None) -> None:
+        values = dict(
+            run_id=self.cfg.run_id,
+            iteration=rec.iteration,
+            worker=w,
+            host=self.cfg.hosts[w],
+            world_size=self.cfg.workers,
+            start_s=max(rec.start_s, 0.0),
+            runtime_s=max(rec.runtime_s, 1e-6),
+            censored=rec.censored,
+            cutoff=cutoff,
+            policy=self.policy.name,
+            source=self.cfg.source,
+            injected_delay_s=rec.delay_s,
+            workload=self.cfg.workload,
+            batch_size=self.cfg.batch_size,
+            device="cpu",
+        )
+        for k, v in values.items():
+            rows.setdefault(k, []).append(v)
+
+    # -- state for --resume -------------------------------------------------------------------
+    def state(self, next_iteration: int) -> dict:
+        """Everything needed to continue: tensors and plain values only (weights_only loads)."""
+        return {
+            "version": 1,
+            "run_id": self.cfg.run_id,
+            "next_iteration": next_iteration,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "live": self.live.tolist(),
+            "dead_at": {str(k): v for k, v in self.dead_at.items()},
+            "log": self.log.rows,
+            "overhead": self.overhead,
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.live = np.array(state["live"], dtype=bool)
+        self.dead_at = {int(k): v for k, v in state["dead_at"].items()}
+        self.log.rows = {k: list(v) for k, v in state["log"].items()}
+        self.overhead = float(state["overhead"])
+        if self.log.rows.get("wall_s"):
+            self.t0 -= self.log.rows["wall_s"][-1]  # wall-clock continues where it stopped

@@ -1,0 +1,152 @@
+"""The worker loop: wait for parameters, wait out the injected delay, compute the gradient, take a
+ticket, send the gradient if admitted, record the iteration. Stragglers abandon an iteration as
+soon as its cut key appears (during the delay at once, during computation at the next
+micro-batch boundary)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from stages.engine import protocol as P
+from stages.stragglers import parse_stragglers
+from stages.workloads import Workload, load_workload
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs; plain values so it crosses a spawn boundary."""
+
+    worker_id: int  # process id 1..N; trace worker is worker_id - 1
+    num_workers: int
+    store_host: str
+    store_port: int
+    bind_host: str
+    workload: str
+    batch_size: int
+    micro_batches: int
+    stragglers: str
+    time_scale: float
+    seed: int
+    iterations: int
+    record_batch: int
+    t0_epoch: float
+    timeout_s: float
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.w = spec.worker_id - 1
+        torch.manual_seed(spec.seed)
+        self.workload: Workload = load_workload(spec.workload, seed=spec.seed)
+        self.model = self.workload.model
+        self.gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.worker_id)
+        delays = parse_stragglers(spec.stragglers, spec.seed, spec.time_scale)
+        self.delays = delays.delays(spec.iterations, spec.num_workers)[:, self.w]
+        self.store = P.open_store(spec.store_host, spec.store_port, False, spec.timeout_s)
+        self.generation, self.group = -1, None
+        self.params = torch.zeros(
+            P.PARAM_HEADER + parameters_to_vector(self.model.parameters()).numel()
+        )
+
+    def run(self) -> None:
+        t = int(self.store.get("start_iteration").decode())
+        while t < self.spec.iterations:
+            announced = self.wait_for(P.go_key(t))
+            if announced == P.STOP:
+                return
+            self.join_generation(int(announced))
+            t = self.iteration()
+        self.store.add("workers_done", 1)
+
+    def wait_for(self, key: str) -> str:
+        """Block (bounded) until the server announces; the server's death ends the wait."""
+        deadline = time.monotonic() + self.spec.timeout_s
+        if not P.wait_key_until(self.store, key, deadline):
+            raise TimeoutError(
+                f"worker {self.w}: no word from the server for {self.spec.timeout_s}s"
+            )
+        return self.store.get(key).decode()
+
+    def join_generation(self, generation: int) -> None:
+        if generation != self.generation:
+            members = P.decode_members(self.store.get(P.members_key(generation)))
+            self.group = P.build_group(
+                self.store,
+                generation,
+                members,
+                self.spec.worker_id,
+                self.spec.bind_host,
+                self.spec.timeout_s,
+            )
+            self.generation = generation
+
+    def iteration(self) -> int:
+        """Run the announced iteration; returns the next iteration index."""
+        self.group.recv([self.params], 0, P.PARAMS_TAG).wait()
+        start, wall_start = time.perf_counter(), time.time()
+        t, cutoff = int(self.params[0]), int(self.params[1])
+        vector_to_parameters(self.params[P.PARAM_HEADER :], self.model.parameters())
+        delay = float(self.delays[t % len(self.delays)])
+        cut = P.wait_key(self.store, P.cut_key(t), delay)
+        grad, loss = (None, 0.0) if cut else self.gradient(t)
+        runtime = time.perf_counter() - start
+        censored = grad is None
+        if grad is not None:
+            self.submit(t, cutoff, grad, runtime, loss)
+        rec = P.Record(t, wall_start - self.spec.t0_epoch, runtime, censored, delay)
+        self.store.append(P.record_key(self.w, t // self.spec.record_batch), rec.encode())
+        return t + 1
+
+    def gradient(self, t: int) -> tuple[torch.Tensor | None, float]:
+        """Forward/backward micro-batch by micro-batch; None if the iteration is cut meanwhile."""
+        self.model.zero_grad(set_to_none=False)
+        x, y = self.workload.batch(self.gen, self.spec.batch_size)
+        chunks = list(
+            zip(x.chunk(self.spec.micro_batches), y.chunk(self.spec.micro_batches), strict=True)
+        )
+        total = 0.0
+        for i, (xb, yb) in enumerate(chunks):
+            if i and self.store.check([P.cut_key(t)]):
+                return None, 0.0
+            loss = self.workload.loss(self.model(xb), yb) * (xb.shape[0] / x.shape[0])
+            loss.backward()
+            total += loss.item()
+        grads = [
+            p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()
+        ]
+        return torch.cat([g.reshape(-1) for g in grads]), total
+
+    def submit(self, t: int, cutoff: int, grad: torch.Tensor, runtime: float, loss: float) -> None:
+        """Take a ticket; tickets 1..cutoff send their gradient, ticket ``cutoff`` cuts the rest."""
+        ticket = self.store.add(P.ticket_key(t), 1)
+        if ticket > cutoff:
+            return
+        self.store.set(P.arrival_key(t, ticket), str(self.spec.worker_id))
+        if ticket == cutoff:
+            self.store.set(P.cut_key(t), "1")
+        payload = P.pack_grad(grad, runtime, loss, self.w)
+        self.group.send([payload], 0, P.GRAD_TAG).wait()
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Entry point of a spawned worker process. Ctrl-C is the server's to handle; a worker ends
+    when told to stop, when its work is done, or when the server goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    P.quiet_c10d_logs()
+    torch.set_num_threads(1)
+    try:
+        Worker(spec).run()
+    except (TimeoutError, RuntimeError, dist.DistError):
+        raise SystemExit(1) from None
+
+
+def default_bind_host() -> str:
+    return socket.gethostbyname(socket.gethostname())

@@ -1,0 +1,144 @@
+"""``bdsgd profile``: measure a real multi-process cluster into Parquet run-time traces.
+
+The profile is the engine run fully synchronously (policy ``full``): every worker's run-time of
+every iteration is observed, none censored.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+from rich.table import Table
+
+from stages.console import console, progress
+from stages.engine.launch import run_engine
+from stages.engine.server import EngineConfig
+from stages.errors import ConfigError
+from stages.policies.registry import make_policy
+from stages.store import TraceStore, new_run_id
+from stages.stragglers import parse_stragglers
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileConfig:
+    workers: int
+    """Number of worker processes N."""
+    iterations: int
+    """Iterations T to measure."""
+    traces: Path
+    """Trace store directory the rows are appended to."""
+    workload: str = "mlp"
+    """mlp, cnn or module:function."""
+    batch_size: int = 32
+    """Mini-batch size per worker."""
+    stragglers: str = "none"
+    """none, synthetic[:k=v,...] or replay:PATH."""
+    time_scale: float = 1.0
+    """Multiplier on injected delays."""
+    seed: int = 0
+    """Seed of the workload, the data streams and the synthetic stragglers."""
+    micro_batches: int = 4
+    """Micro-batches per mini-batch (the points where a computation can be abandoned)."""
+    host: str = "127.0.0.1"
+    """Address the control store and the server bind to."""
+    timeout_s: float = 60.0
+    """Longest wait on another process before it is declared dead."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.iterations < 1:
+            raise ConfigError(f"--iterations must be >= 1, got {self.iterations}")
+        if self.batch_size < 1 or self.micro_batches < 1 or self.batch_size < self.micro_batches:
+            raise ConfigError("--batch-size must be >= 1 and at least the number of micro-batches")
+        if self.timeout_s <= 0:
+            raise ConfigError("--timeout must be > 0")
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    run_id: str
+    rows: int
+    traces: Path
+    per_worker: pl.DataFrame
+
+
+def engine_hosts(stragglers: str, seed: int, time_scale: float, workers: int) -> tuple[str, ...]:
+    """Trace host of each worker: the emulated host of a synthetic/replayed cluster, else this
+    machine's name."""
+    model = parse_stragglers(stragglers, seed, time_scale)
+    return tuple(model.host_of(workers) or [socket.gethostname()] * workers)
+
+
+def run_profile(cfg: ProfileConfig) -> ProfileResult:
+    store = TraceStore(cfg.traces)
+    store.check_writable()
+    run_id = new_run_id("profile")
+    engine = EngineConfig(
+        workers=cfg.workers,
+        iterations=cfg.iterations,
+        run_id=run_id,
+        source="profile",
+        workload=cfg.workload,
+        batch_size=cfg.batch_size,
+        micro_batches=cfg.micro_batches,
+        stragglers=cfg.stragglers,
+        time_scale=cfg.time_scale,
+        seed=cfg.seed,
+        host=cfg.host,
+        timeout_s=cfg.timeout_s,
+        hosts=engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers),
+    )
+    with progress() as bar:
+        task = bar.add_task(f"profile {cfg.workers} workers", total=cfg.iterations, status="")
+
+        def on_iteration(t: int, row: dict) -> None:
+            bar.update(task, completed=t + 1, status=f"iteration {row['iteration_s'] * 1e3:.1f} ms")
+
+        result = run_engine(engine, make_policy("full", cfg.workers), cfg.traces, on_iteration)
+    per_worker = worker_summary(store, run_id)
+    console.print(worker_table(per_worker, run_id))
+    console.print(f"{result.rows_written} rows of run [bold]{run_id}[/] appended to {cfg.traces}")
+    return ProfileResult(run_id, result.rows_written, cfg.traces, per_worker)
+
+
+def worker_summary(store: TraceStore, run_id: str) -> pl.DataFrame:
+    """Per worker: mean, p50 and p99 run-time, and the share of iterations it was the slowest."""
+    df = store.scan().filter(pl.col("run_id") == run_id).collect()
+    slowest = (
+        df.sort("runtime_s", descending=True)
+        .group_by("iteration")
+        .agg(pl.col("worker").first())
+        .group_by("worker")
+        .agg((pl.len() / df["iteration"].n_unique()).alias("slowest_share"))
+    )
+    return (
+        df.group_by("worker", "host")
+        .agg(
+            pl.col("runtime_s").mean().alias("mean_s"),
+            pl.col("runtime_s").quantile(0.5).alias("p50_s"),
+            pl.col("runtime_s").quantile(0.99).alias("p99_s"),
+        )
+        .join(slowest, on="worker", how="left")
+        .with_columns(pl.col("slowest_share").fill_null(0.0))
+        .sort("worker")
+    )
+
+
+def worker_table(per_worker: pl.DataFrame, run_id: str) -> Table:
+    table = Table(title=f"run-times of {run_id}")
+    for col in ("worker", "host", "mean ms", "p50 ms", "p99 ms", "slowest"):
+        table.add_column(col, justify="right")
+    for r in per_worker.iter_rows(named=True):
+        table.add_row(
+            str(r["worker"]),
+            r["host"],
+            f"{r['mean_s'] * 1e3:.1f}",
+            f"{r['p50_s'] * 1e3:.1f}",
+            f"{r['p99_s'] * 1e3:.1f}",
+            f"{r['slowest_share']:.0%}",
+        )
+    return table

@@ -1,0 +1,270 @@
+"""``bdsgd train``: cutoff-controlled synchronous SGD over torch.distributed.
+
+The engine (``stages.engine``) runs the iterations; this stage builds the policy, keeps the run
+directory (config, server checkpoint, per-iteration metrics, summary), resumes a killed run and
+turns the iteration log into the SPEC's summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from schemas.run_dir import iterations_table, write_atomic, write_run_dir
+from stages.console import console, progress
+from stages.engine.launch import STATE_FILE, EngineResult, run_engine
+from stages.engine.server import EngineConfig
+from stages.errors import CheckpointError, ConfigError
+from stages.policies.base import Policy
+from stages.policies.registry import make_policy
+from stages.profile import engine_hosts
+from stages.store import TraceStore, new_run_id
+
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    workers: int
+    """Number of worker processes N."""
+    iterations: int
+    """Total iterations T of the run (a resumed run continues up to T)."""
+    policy: str
+    """Cutoff policy: full, static:C, elfving, ecdf, ewma, bdsgd."""
+    traces: Path
+    """Trace store the run's rows (censored ones included) are appended to."""
+    out: Path
+    """Run directory: config, server checkpoint, iterations.parquet, summary.json."""
+    checkpoint: Path | None = None
+    """Fitted run-time model (needed by ``bdsgd``)."""
+    stragglers: str = "none"
+    """none, synthetic[:k=v,...] or replay:PATH."""
+    time_scale: float = 1.0
+    """Multiplier on injected delays."""
+    workload: str = "mlp"
+    """mlp, cnn or module:function."""
+    batch_size: int = 32
+    """Mini-batch size per worker."""
+    micro_batches: int = 4
+    """Micro-batches per mini-batch: where a cut-off computation stops."""
+    lr: float = 0.05
+    """Learning rate when every live worker's gradient is applied."""
+    lr_scaling: str = "linear"
+    """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)) or none."""
+    seed: int = 0
+    """Seed of the workload, the data streams, the stragglers and the policy."""
+    target_loss: float | None = None
+    """Smoothed training loss whose first crossing gives ``time_to_loss``."""
+    min_workers: int = 1
+    """Stop with an error when fewer workers than this remain alive."""
+    overhead_s: float | None = None
+    """Fixed cost per iteration fed to the policy; None measures it while running."""
+    record_batch: int = 25
+    """Iterations per trace batch and per server checkpoint."""
+    eval_every: int = 10
+    """Iterations between held-out loss evaluations."""
+    host: str = "127.0.0.1"
+    """Address the server binds to."""
+    timeout_s: float = 60.0
+    """Longest wait on another process before it is declared dead."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.iterations < 1:
+            raise ConfigError("--workers and --iterations must be >= 1")
+        if self.lr_scaling not in ("linear", "sqrt", "none"):
+            raise ConfigError(f"--lr-scaling must be linear, sqrt or none, got {self.lr_scaling!r}")
+        if not 1 <= self.min_workers <= self.workers:
+            raise ConfigError(f"--min-workers must be in 1..{self.workers}")
+        if self.lr <= 0 or self.record_batch < 1 or self.eval_every < 1 or self.timeout_s <= 0:
+            raise ConfigError("--lr, --timeout must be > 0")
+        if self.batch_size < self.micro_batches or self.micro_batches < 1:
+            raise ConfigError("--batch-size must be at least the number of micro-batches")
+
+    def engine(self, run_id: str) -> EngineConfig:
+        fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        shared = {k: v for k, v in dataclasses.asdict(self).items() if k in fields}
+        hosts = engine_hosts(self.stragglers, self.seed, self.time_scale, self.workers)
+        return EngineConfig(**shared, run_id=run_id, source="train", hosts=hosts)
+
+    def to_json(self) -> dict:
+        return {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, **overrides) -> TrainConfig:
+        paths = {"traces", "out", "checkpoint"}
+        values = {k: (Path(v) if k in paths and v is not None else v) for k, v in data.items()}
+        return cls(**{**values, **overrides})
+
+
+def run_train(cfg: TrainConfig, resume: bool = False) -> dict:
+    """Run (or, with ``resume``, continue) a training run; returns the summary."""
+    state = load_state(cfg.out) if resume else None
+    run_id = state["run_id"] if state else new_run_id("train")
+    TraceStore(cfg.traces).check_writable()
+    if not resume:
+        prepare_run_dir(cfg)
+    engine_cfg = cfg.engine(run_id)
+    policy = build_policy(cfg, engine_cfg.hosts)
+    if state:
+        state["next_iteration"] = replay_history(
+            policy, cfg.traces, run_id, state["next_iteration"]
+        )
+    result = run_with_live_view(cfg, engine_cfg, policy, state)
+    summary = summarize(cfg, run_id, result)
+    write_run_dir(cfg.out, summary, iterations_table(result.log))
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return summary
+
+
+def prepare_run_dir(cfg: TrainConfig) -> None:
+    if (cfg.out / STATE_FILE).exists():
+        raise ConfigError(
+            f"{cfg.out} already holds a run: pass --resume {cfg.out} or another --out"
+        )
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    write_atomic(cfg.out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
+
+
+def build_policy(cfg: TrainConfig, hosts: tuple[str, ...]) -> Policy:
+    policy = make_policy(
+        cfg.policy,
+        cfg.workers,
+        cfg.checkpoint,
+        list(hosts),
+        seed=cfg.seed,
+        iterations=cfg.iterations,
+        overhead_s=cfg.overhead_s or 0.0,
+    )
+    if policy.mode != "sync":
+        raise ConfigError(
+            f"policy {cfg.policy!r} is asynchronous; bdsgd train runs cutoff policies "
+            "(full, static:C, elfving, ecdf, ewma, bdsgd); compare async ones with bdsgd simulate"
+        )
+    if cfg.policy == "oracle":
+        raise ConfigError("the oracle policy exists only in simulation")
+    return policy
+
+
+def load_state(run_dir: Path) -> dict:
+    """The server checkpoint of a run directory (tensors and plain values only)."""
+    path = run_dir / STATE_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # torch raises several types for a corrupt file
+        raise CheckpointError(
+            f"{path}: unreadable server checkpoint ({str(exc).splitlines()[0]})"
+        ) from None
+    if not isinstance(state, dict) or state.get("version") != 1:
+        raise CheckpointError(f"{path}: not a bdsgd server checkpoint of version 1")
+    return state
+
+
+def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: int) -> int:
+    """Feed the policy what the run already observed (its rows in the store); returns the
+    iteration to continue from: after the checkpoint and after every row already written."""
+    store = TraceStore(traces)
+    if not store.files():
+        return next_iteration
+    df = store.scan().filter(pl.col("run_id") == run_id).collect()
+    if df.height == 0:
+        return next_iteration
+    from stages.store import to_run_matrix
+
+    run = to_run_matrix(df)
+    for t in range(run.shape[0]):
+        seen = run.present[t]
+        runtimes = np.where(seen, run.runtimes[t], np.nanmax(run.runtimes[t]))
+        policy.observe(runtimes, run.censored[t] | ~seen)
+    return max(next_iteration, run.shape[0])
+
+
+def run_with_live_view(cfg, engine_cfg, policy, state) -> EngineResult:
+    with progress() as bar:
+        task = bar.add_task(f"train {policy.name}", total=cfg.iterations, status="")
+        dropped = 0
+
+        def on_iteration(t: int, row: dict) -> None:
+            nonlocal dropped
+            dropped += row["workers"] - row["c"]
+            loss = f"{row['loss']:.3f}" if row["loss"] is not None else "-"
+            bar.update(
+                task,
+                completed=t + 1,
+                status=(
+                    f"loss {loss}  c {row['c']}/{row['workers']}  "
+                    f"{row['c'] / row['iteration_s']:.0f} grad/s  dropped {dropped}"
+                ),
+            )
+
+        return run_engine(engine_cfg, policy, cfg.traces, on_iteration, cfg.out, state)
+
+
+def summarize(cfg: TrainConfig, run_id: str, result: EngineResult) -> dict:
+    """SPEC's train JSON plus where things went."""
+    log = result.log
+    c = np.asarray(log.get("c", []), dtype=float)
+    it = np.asarray(log.get("iteration_s", []), dtype=float)
+    decision = np.asarray(log.get("decision_ms", [0.0]), dtype=float)
+    busy = float(np.sum(log.get("busy_s", [])))
+    worker_seconds = float(np.sum(np.asarray(log.get("workers", []), dtype=float) * it))
+    summary = {
+        "policy": cfg.policy,
+        "iterations": int(c.size),
+        "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
+        "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,
+        "mean_c": float(c.mean()) if c.size else 0.0,
+        "final_loss": result.final_eval_loss,
+        "time_to_loss": time_to_loss(log, cfg.target_loss),
+        "decision_ms_p50": float(np.percentile(decision, 50)),
+        "decision_ms_p99": float(np.percentile(decision, 99)),
+    }
+    summary.update(
+        kind="train",
+        run_id=run_id,
+        traces=str(cfg.traces),
+        target_loss=cfg.target_loss,
+        idle_fraction=1.0 - busy / worker_seconds if worker_seconds > 0 else 0.0,
+        rows_appended=result.rows_written,
+        dead_workers={str(k): v for k, v in result.dead_workers.items()},
+        interrupted=result.interrupted,
+    )
+    if result.dead_workers:
+        console.print(f"[yellow]workers {sorted(result.dead_workers)} died and were excluded[/]")
+    return summary
+
+
+def time_to_loss(log: dict, target: float | None, alpha: float = 0.1) -> float | None:
+    """Wall-clock seconds until the EWMA-smoothed training loss first reaches ``target``."""
+    if target is None:
+        return None
+    smooth = None
+    for loss, wall in zip(log.get("loss", []), log.get("wall_s", []), strict=False):
+        if loss is None:
+            continue
+        smooth = loss if smooth is None else (1 - alpha) * smooth + alpha * loss
+        if smooth <= target:
+            return float(wall)
+    return None
+
+
+def resume_config(run_dir: Path, iterations: int | None = None) -> TrainConfig:
+    """The config a run directory was started with (``--iterations`` may extend it)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a train run directory (no {CONFIG_FILE})")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON") from None
+    return TrainConfig.from_json(data, **({"iterations": iterations} if iterations else {}))

@@ -1,0 +1,108 @@
+"""Workloads: a model, a source of mini-batches and a loss, built the same way in every process.
+
+Built in: ``mlp`` (a 3-layer MLP learning a fixed random teacher on synthetic Gaussian inputs) and
+``cnn`` (a small CNN on scikit-learn's bundled 8x8 digits, so nothing is downloaded). A user's own
+workload is ``--workload package.module:function``; the function takes ``seed`` and returns a
+:class:`Workload`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from stages.errors import ConfigError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Workload:
+    """What the engine needs of a training job.
+
+    ``model``: the network (same initial parameters in every process for the same seed).
+    ``batch(generator, batch_size)``: a training mini-batch (inputs, targets), drawn with the
+    given ``torch.Generator`` so each worker sees its own stream.
+    ``loss(outputs, targets)``: a scalar loss.
+    ``eval_batch``: a fixed held-out batch for the periodic evaluation loss.
+    """
+
+    name: str
+    model: nn.Module
+    batch: Callable[[torch.Generator, int], Batch]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    eval_batch: Batch
+
+
+def mlp(seed: int = 0, dim: int = 32, hidden: int = 256, classes: int = 10) -> Workload:
+    """~77k parameters; labels come from a fixed random teacher network, so the loss can fall."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    teacher = torch.randn(dim, classes, generator=gen)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        x = torch.randn(n, dim, generator=g)
+        return x, (x @ teacher + 0.5 * torch.randn(n, classes, generator=g)).argmax(1)
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Linear(dim, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, classes),
+    )
+    return Workload("mlp", model, batch, nn.functional.cross_entropy, batch(gen, 512))
+
+
+def cnn(seed: int = 0) -> Workload:
+    """A small CNN on the 1,797 8x8 digit images bundled with scikit-learn (last 297 held out)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    train_x, train_y = images[:1500], labels[:1500]
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        idx = torch.randint(0, train_x.shape[0], (n,), generator=g)
+        return train_x[idx], train_y[idx]
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+    return Workload(
+        "cnn", model, batch, nn.functional.cross_entropy, (images[1500:], labels[1500:])
+    )
+
+
+BUILTIN: dict[str, Callable[..., Workload]] = {"mlp": mlp, "cnn": cnn}
+
+
+def load_workload(spec: str, seed: int = 0) -> Workload:
+    """Build a workload from ``mlp``, ``cnn`` or ``module:function``."""
+    if spec in BUILTIN:
+        return BUILTIN[spec](seed=seed)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"unknown workload {spec!r}: use mlp, cnn or module:function")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load workload {spec!r}: {exc}") from None
+    workload = factory(seed=seed)
+    if not isinstance(workload, Workload):
+        raise ConfigError(f"workload {spec!r} returned {type(workload).__name__}, not a Workload")
+    return workload
