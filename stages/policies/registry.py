@@ -1,0 +1,137 @@
+"""Policy specs (``--policy``/``--policies``) to policy objects, for the simulator and the trainer.
+
+Specs: ``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``, ``bdsgd`` (needs a checkpoint),
+``k-batch-sync:K``, ``k-async:K``, ``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from stages.errors import ConfigError
+from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
+from stages.policies.base import Policy
+from stages.policies.cutoff import (
+    BdsgdCutoff,
+    EcdfCutoff,
+    ElfvingCutoff,
+    EwmaCutoff,
+    FullSync,
+    OracleCutoff,
+    StaticCutoff,
+)
+
+SPECS = (
+    "full",
+    "static:C",
+    "elfving",
+    "ecdf",
+    "ewma",
+    "bdsgd",
+    "k-batch-sync:K",
+    "k-async:K",
+    "async",
+    "adasync[:GRADIENTS]",
+    "oracle",
+)
+ADASYNC_DEFAULT_PERIOD = 100
+
+
+def make_policy(
+    spec: str,
+    num_workers: int,
+    checkpoint: str | os.PathLike | None = None,
+    hosts: list[str] | None = None,
+    *,
+    overhead_s: float = 0.0,
+    seed: int = 0,
+    iterations: int | None = None,
+    num_samples: int = 256,
+) -> Policy:
+    """Build the policy named by ``spec`` for a cluster of ``num_workers``.
+
+    ``checkpoint``/``hosts`` serve ``bdsgd`` (the model is loaded only for it); ``iterations``
+    (computations per worker in the run) sets adasync's default period so that K reaches N for
+    the last stage (without it: K doubles every 100 * N gradients); ``overhead_s`` is the measured
+    fixed cost of an iteration. Raises :class:`ConfigError` with a one-line message on a bad spec.
+    """
+    if num_workers < 1:
+        raise ConfigError(f"need at least one worker, got {num_workers}")
+    kind, colon, arg = spec.strip().partition(":")
+    if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync"):
+        raise _unknown(spec)
+    policy = _build(kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples)
+    policy.overhead_s = overhead_s
+    return policy
+
+
+def _build(
+    kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples
+) -> Policy:
+    simple = {
+        "full": FullSync,
+        "oracle": OracleCutoff,
+        "elfving": ElfvingCutoff,
+        "ecdf": lambda: EcdfCutoff(num_samples=num_samples, seed=seed),
+        "ewma": lambda: EwmaCutoff(num_workers, num_samples=num_samples, seed=seed),
+        "async": lambda: KAsync(1, name="async"),
+    }
+    if kind in simple:
+        return simple[kind]()
+    if kind == "static":
+        return StaticCutoff(_count(arg, spec, num_workers))
+    if kind == "k-batch-sync":
+        return KBatchSync(_count(arg, spec, num_workers))
+    if kind == "k-async":
+        return KAsync(_count(arg, spec, num_workers))
+    if kind == "adasync":
+        return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
+    if kind == "bdsgd":
+        return BdsgdCutoff(_load_predictor(checkpoint, num_workers, hosts), num_samples=num_samples)
+    raise _unknown(spec)
+
+
+def _count(arg: str, spec: str, limit: int | None) -> int:
+    """The integer after the colon, 1 <= value <= limit."""
+    try:
+        value = int(arg)
+    except ValueError:
+        raise ConfigError(f"policy {spec!r} needs a whole number after ':'") from None
+    if value < 1 or (limit is not None and value > limit):
+        bound = f"1..{limit}" if limit is not None else ">= 1"
+        raise ConfigError(f"policy {spec!r}: the number must be in {bound}")
+    return value
+
+
+def _adasync_period(num_workers: int, iterations: int | None) -> int:
+    """Gradients between doublings of K: the ``iterations * num_workers`` gradients of a run are
+    split into equal stages, the last one at K = N."""
+    if iterations is None:
+        return ADASYNC_DEFAULT_PERIOD * num_workers
+    stages = math.ceil(math.log2(num_workers)) + 1
+    return max(1, iterations * num_workers // stages)
+
+
+def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None):
+    if checkpoint is None:
+        raise ConfigError("policy 'bdsgd' needs a fitted model: pass --checkpoint FILE")
+    from stages.model.predictor import load_predictor
+
+    return load_predictor(checkpoint, workers=list(range(num_workers)), hosts=hosts)
+
+
+def _unknown(spec: str) -> ConfigError:
+    return ConfigError(f"unknown policy {spec!r} (known: {', '.join(SPECS)})")
+
+
+def default_policy_specs(num_workers: int, with_checkpoint: bool) -> list[str]:
+    """Every policy that applies to a cluster of ``num_workers``: full, a few static C (N-1,
+    N-2, ~0.9N, ~0.75N), the dynamic cutoffs (bdsgd only with a checkpoint), the asynchronous
+    variants with K ~ 0.75N, and the oracle."""
+    n = num_workers
+    statics = sorted({c for c in (n - 1, n - 2, round(0.9 * n), round(0.75 * n)) if 1 <= c < n})
+    k = max(1, round(0.75 * n))
+    dynamic = ["elfving", "ecdf", "ewma"] + (["bdsgd"] if with_checkpoint else [])
+    asynchronous = [f"k-batch-sync:{k}", f"k-async:{k}", "async", "adasync"]
+    return ["full", *(f"static:{c}" for c in reversed(statics)), *dynamic, *asynchronous, "oracle"]

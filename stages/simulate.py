@@ -1,0 +1,426 @@
+"""``bdsgd simulate``: replay recorded run-times (or the fitted model's own samples) through every
+policy, without a cluster, and compare their throughput with the oracle's.
+
+Sync policies (``mode = "sync"``): iteration t replays trace row t as fresh computations on every
+live worker; the iteration ends when the c-th gradient arrives, x_(c), plus ``overhead_s``. The
+policy then observes the accepted run-times exactly and every other worker censored at x_(c), as
+the parameter server would. A missing entry (``present`` False) is a dead worker: not live, and
+observed censored at the cut. A censored trace entry tau (a train run cut that worker off) means
+"arrives no earlier than tau"; the replay uses tau itself, its lower bound, so a policy that waits
+for more gradients than the recorded run did gets an optimistic iteration time, and it observes
+that entry as censored too.
+
+Asynchronous policies (``k-async``, ``k-batch-sync``): worker w's successive computations take
+column w's successive values, starting at the first simulated row; a missing entry is a slot in
+which the worker delivers nothing (it takes that row's median run-time). The replay stops when the
+first worker runs out of rows. ``overhead_s`` is added per update, and the staleness of every
+applied gradient (updates between its read and its write) is recorded.
+
+``--from-frac F`` warms every policy up by observing rows < F*T as the trace recorded them and
+simulates only the rest, so a checkpoint fitted on the early part is judged on the held-out tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stages.errors import ConfigError
+from stages.policies.base import Policy
+from stages.policies.cutoff import OracleCutoff
+from stages.policies.registry import default_policy_specs, make_policy
+from stages.store import RunMatrix, TraceStore
+
+PRED_KEYS = ("pred_q10", "pred_q50", "pred_q90")
+RUN_DIR_COLUMNS = (
+    "iteration",
+    "wall_s",
+    "iteration_s",
+    "c",
+    "workers",
+    "decision_ms",
+    "staleness",
+    *PRED_KEYS,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateConfig:
+    """What ``bdsgd simulate`` replays and through which policies."""
+
+    traces: Path | None = None
+    """Trace store to replay; exactly one of ``traces`` and ``sample`` is set."""
+    checkpoint: Path | None = None
+    """Fitted model: enables the ``bdsgd`` policy and ``sample``."""
+    policies: tuple[str, ...] = ()
+    """Policy specs to compare; empty: every policy that applies (see ``default_policy_specs``)."""
+    overhead_s: float = 0.0
+    """Fixed cost added to every iteration (every update for the asynchronous policies), seconds."""
+    out: Path | None = None
+    """Run directory to write (summary.json, iterations.parquet); None: write nothing."""
+    run_id: str | None = None
+    """Run of the trace store to replay; None: the last run (run ids sort by start time)."""
+    from_frac: float = 0.0
+    """Fraction of the run's rows that policies only observe (warm-up) before the simulated tail."""
+    sample: int | None = None
+    """Simulate this many iterations drawn from the checkpoint's model instead of traces."""
+    seed: int = 0
+    """Seed of the Monte Carlo policies and of model sampling."""
+    num_samples: int = 256
+    """Joint samples S per decision for ecdf, ewma and bdsgd."""
+
+    def __post_init__(self) -> None:
+        if (self.traces is None) == (self.sample is None):
+            raise ConfigError("simulate needs either --traces DIR or --sample T --checkpoint FILE")
+        if self.sample is not None and (self.sample < 1 or self.checkpoint is None):
+            raise ConfigError("--sample T needs T >= 1 and --checkpoint FILE")
+        if not 0.0 <= self.from_frac < 1.0:
+            raise ConfigError(f"--from-frac must be in [0, 1), got {self.from_frac}")
+        if self.overhead_s < 0:
+            raise ConfigError(f"--overhead-s must be >= 0, got {self.overhead_s}")
+        if self.num_samples < 1:
+            raise ConfigError(f"num_samples must be >= 1, got {self.num_samples}")
+
+
+@dataclass
+class PolicyRun:
+    """One policy's replay: per-update columns of the run directory's iterations table plus the
+    worker-seconds spent on gradients that were applied."""
+
+    name: str
+    mode: str
+    columns: dict[str, list] = dataclasses.field(default_factory=dict)
+    useful_s: float = 0.0
+    worker_s: float = 0.0
+
+    def record(self, **values) -> None:
+        for key, value in values.items():
+            self.columns.setdefault(key, []).append(value)
+
+    def metrics(self, oracle_throughput: float) -> dict:
+        """The SPEC metrics of this replay."""
+        c = np.asarray(self.columns.get("c", [0]), dtype=float)
+        dur = np.asarray(self.columns.get("iteration_s", [0.0]), dtype=float)
+        ms = np.asarray(self.columns.get("decision_ms", [0.0]), dtype=float)
+        throughput = float(c.sum() / dur.sum()) if dur.sum() > 0 else 0.0
+        stale = self.columns.get("staleness", [0.0])
+        return {
+            "throughput": throughput,
+            "oracle_ratio": throughput / oracle_throughput if oracle_throughput > 0 else 0.0,
+            "mean_c": float(c.mean()),
+            "decision_ms": float(np.percentile(ms, 50)),
+            "decision_ms_p99": float(np.percentile(ms, 99)),
+            "idle_fraction": 1.0 - self.useful_s / self.worker_s if self.worker_s > 0 else 0.0,
+            "mean_staleness": float(np.mean(stale)),
+            "mode": self.mode,
+            "iterations": len(self.columns.get("c", [])),
+        }
+
+
+def timed_choose(policy: Policy, live: np.ndarray) -> tuple[int, float]:
+    """The policy's c, capped to 1..live, and the milliseconds choose() took."""
+    t0 = time.perf_counter()
+    c = policy.choose(live)
+    ms = (time.perf_counter() - t0) * 1e3
+    return min(max(int(c), 1), max(int(live.sum()), 1)), ms
+
+
+def warm_up(policy: Policy, run: RunMatrix, stop: int) -> None:
+    """Let the policy observe rows < stop as the trace recorded them (dead workers censored at the
+    row's largest run-time)."""
+    for t in range(stop):
+        live = run.present[t]
+        if not live.any():
+            continue
+        cut = np.max(run.runtimes[t, live])
+        policy.observe(np.where(live, run.runtimes[t], cut), run.censored[t] | ~live)
+
+
+def simulate_sync(policy: Policy, run: RunMatrix, start: int, overhead_s: float) -> PolicyRun:
+    """Replay rows start.. of the run through a sync cutoff policy."""
+    result = PolicyRun(policy.name, policy.mode)
+    wall = 0.0
+    for t in range(start, run.runtimes.shape[0]):
+        live = run.present[t]
+        if not live.any():
+            continue
+        x = np.where(live, run.runtimes[t], np.inf)
+        if isinstance(policy, OracleCutoff):
+            policy.reveal(x)
+        c, ms = timed_choose(policy, live)
+        order = np.argsort(x, kind="stable")[:c]
+        arrived = np.zeros_like(live)
+        arrived[order] = True
+        cut = x[order[-1]]
+        policy.observe(np.where(arrived, x, cut), ~arrived | run.censored[t])
+        wall += cut + overhead_s
+        result.useful_s += float(x[arrived].sum())
+        result.worker_s += float(live.sum()) * (cut + overhead_s)
+        preds = policy.describe()
+        result.record(
+            iteration=t,
+            wall_s=wall,
+            iteration_s=cut + overhead_s,
+            c=c,
+            workers=int(live.sum()),
+            decision_ms=ms,
+            staleness=0.0,
+            **{k: preds.get(k) for k in PRED_KEYS},
+        )
+    return result
+
+
+class WorkerClock:
+    """Each worker's current computation in an asynchronous replay: the trace row it plays, when
+    it began and ends, and the parameter version it started from."""
+
+    def __init__(self, run: RunMatrix, start: int) -> None:
+        rows, n = run.runtimes.shape
+        row_median = np.nanmedian(np.where(run.present, run.runtimes, np.nan), axis=1)
+        self.dur = np.where(run.present, run.runtimes, np.nan_to_num(row_median)[:, None])
+        self.valid = run.present
+        self.rows = rows
+        self.row = np.full(n, start)
+        self.began = np.zeros(n)
+        self.finish = self.dur[start].copy()
+        self.version = np.zeros(n, dtype=int)
+        self.exhausted = False
+
+    def live(self) -> np.ndarray:
+        """Workers whose current computation will deliver a gradient."""
+        return self.valid[np.minimum(self.row, self.rows - 1), np.arange(self.row.size)]
+
+    def delivers(self, w: int) -> bool:
+        return bool(self.valid[self.row[w], w])
+
+    def duration(self, w: np.ndarray | int) -> np.ndarray:
+        return self.dur[self.row[w], w]
+
+    def restart(self, w: np.ndarray | int, now: float, version: int) -> None:
+        """Start the next computation of worker(s) w at ``now`` on parameters ``version``."""
+        self.row[w] += 1
+        if np.any(self.row[w] >= self.rows):
+            self.exhausted = True
+            return
+        self.began[w] = now
+        self.finish[w] = now + self.dur[self.row[w], w]
+        self.version[w] = version
+
+    def next_arrival(self) -> tuple[int, float]:
+        w = int(np.argmin(self.finish))
+        return w, float(self.finish[w])
+
+    def censored_view(self, done: np.ndarray, runtimes: np.ndarray, now: float):
+        """What the server saw: run-times of ``done`` workers, the others censored at the time
+        their current computation has run so far."""
+        elapsed = np.maximum(now - self.began, 1e-9)
+        return np.where(done, runtimes, elapsed), ~done
+
+
+def simulate_k_async(policy: Policy, run: RunMatrix, start: int, overhead_s: float) -> PolicyRun:
+    """Replay through a k-async policy: apply every K gradients, stragglers keep computing."""
+    result = PolicyRun(policy.name, policy.mode)
+    clock = WorkerClock(run, start)
+    version, server_free, n = 0, 0.0, run.runtimes.shape[1]
+    while not clock.exhausted:
+        live = clock.live()
+        k, ms = timed_choose(policy, live)
+        batch, arrived_at = _collect_k(clock, k)
+        if len(batch) < k:
+            break
+        update = max(arrived_at, server_free) + overhead_s
+        durations = clock.duration(batch)
+        staleness = version - clock.version[batch]
+        done, runtimes = np.zeros(n, dtype=bool), np.zeros(n)
+        done[batch], runtimes[batch] = True, durations
+        policy.observe(*clock.censored_view(done, runtimes, update))
+        version += 1
+        clock.restart(batch, update, version)
+        result.useful_s += float(durations.sum())
+        result.record(
+            iteration=version - 1,
+            wall_s=update,
+            iteration_s=update - server_free,
+            c=k,
+            workers=int(live.sum()),
+            decision_ms=ms,
+            staleness=float(staleness.mean()),
+        )
+        server_free = update
+    result.worker_s = n * server_free
+    return result
+
+
+def _collect_k(clock: WorkerClock, k: int) -> tuple[np.ndarray, float]:
+    """Advance to the k-th delivered gradient; the senders wait (finish = inf) for the update.
+    Returns the senders and the k-th arrival time (fewer senders if the trace ran out)."""
+    batch: list[int] = []
+    arrived_at = 0.0
+    while len(batch) < k and not clock.exhausted:
+        w, arrived_at = clock.next_arrival()
+        if not np.isfinite(arrived_at):
+            break
+        if clock.delivers(w):
+            batch.append(w)
+            clock.finish[w] = np.inf
+        else:
+            clock.restart(w, arrived_at, clock.version[w])
+    return np.asarray(batch, dtype=int), arrived_at
+
+
+def simulate_k_batch_sync(
+    policy: Policy, run: RunMatrix, start: int, overhead_s: float
+) -> PolicyRun:
+    """Replay through a k-batch-sync policy: K gradients on the same parameters, then everyone
+    restarts (unfinished computations cancelled)."""
+    result = PolicyRun(policy.name, policy.mode)
+    clock = WorkerClock(run, start)
+    n, version, now = run.runtimes.shape[1], 0, 0.0
+    while not clock.exhausted:
+        live = clock.live()
+        k, ms = timed_choose(policy, live)
+        done, runtimes = np.zeros(n, dtype=bool), np.zeros(n)
+        got, arrived_at, useful = 0, now, 0.0
+        while got < k and not clock.exhausted:
+            w, arrived_at = clock.next_arrival()
+            if clock.delivers(w):
+                got += 1
+                done[w], runtimes[w] = True, clock.duration(w)
+                useful += float(runtimes[w])
+            if got < k:
+                clock.restart(w, arrived_at, version)
+        if got < k:
+            break
+        update = arrived_at + overhead_s
+        policy.observe(*clock.censored_view(done, runtimes, arrived_at))
+        version += 1
+        clock.restart(np.arange(n), update, version)
+        result.useful_s += useful
+        result.record(
+            iteration=version - 1,
+            wall_s=update,
+            iteration_s=update - now,
+            c=k,
+            workers=int(live.sum()),
+            decision_ms=ms,
+            staleness=0.0,
+        )
+        now = update
+    result.worker_s = n * now
+    return result
+
+
+DRIVERS = {
+    "sync": simulate_sync,
+    "k-async": simulate_k_async,
+    "k-batch-sync": simulate_k_batch_sync,
+}
+
+
+def replay(policy: Policy, run: RunMatrix, start: int, overhead_s: float) -> PolicyRun:
+    """Warm the policy up on rows < start, then replay the rest with the driver of its mode."""
+    policy.overhead_s = overhead_s
+    warm_up(policy, run, start)
+    return DRIVERS[policy.mode](policy, run, start, overhead_s)
+
+
+def compare(
+    specs: list[str], run: RunMatrix, config: SimulateConfig
+) -> tuple[dict[str, dict], list[PolicyRun]]:
+    """Replay the run through every policy; metrics per policy name and the replays themselves."""
+    n = run.runtimes.shape[1]
+    start = int(config.from_frac * run.runtimes.shape[0])
+    kwargs = dict(
+        checkpoint=config.checkpoint,
+        hosts=list(run.hosts),
+        overhead_s=config.overhead_s,
+        seed=config.seed,
+        iterations=run.runtimes.shape[0] - start,
+        num_samples=config.num_samples,
+    )
+    policies = [make_policy(spec, n, **kwargs) for spec in specs]
+    oracle = replay(make_policy("oracle", n), run, start, config.overhead_s)
+    oracle_throughput = oracle.metrics(1.0)["throughput"]
+    replays = [replay(p, run, start, config.overhead_s) for p in policies]
+    return {r.name: r.metrics(oracle_throughput) for r in replays}, replays
+
+
+def load_run(config: SimulateConfig) -> RunMatrix:
+    """The run to replay: from the trace store, or drawn from the fitted model."""
+    if config.sample is not None:
+        return sample_run(config.checkpoint, config.sample, config.seed)
+    store = TraceStore(config.traces)
+    if config.run_id is not None:
+        return store.run_matrix(config.run_id)
+    return store.run_matrices()[-1]
+
+
+def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
+    """T iterations of joint run-times drawn from the fitted model, each fed back to its filter
+    as an uncensored observation (the model generating a run of its own)."""
+    import torch
+
+    from stages.model.predictor import load_predictor
+
+    torch.manual_seed(seed)
+    predictor = load_predictor(checkpoint)
+    rows = []
+    for _ in range(iterations):
+        x = predictor.sample(1)[0].detach().cpu().numpy().astype(float)
+        predictor.observe(x, np.zeros(x.shape, dtype=bool))
+        rows.append(x)
+    runtimes = np.stack(rows)
+    hosts = tuple(getattr(predictor, "hosts", None) or ["unknown"] * runtimes.shape[1])
+    full = np.ones(runtimes.shape, dtype=bool)
+    return RunMatrix(f"sample-{checkpoint}", runtimes, ~full, full, hosts)
+
+
+def best_policies(metrics: dict[str, dict]) -> dict[str, str | None]:
+    """The highest-throughput cutoff policy (no stale gradients) and asynchronous one; the
+    oracle is a ceiling, not a candidate."""
+
+    def top(modes: tuple[str, ...]) -> str | None:
+        names = [k for k, m in metrics.items() if m["mode"] in modes and k != "oracle"]
+        return max(names, key=lambda k: metrics[k]["throughput"]) if names else None
+
+    return {"best": top(("sync",)), "best_async": top(("k-async", "k-batch-sync"))}
+
+
+def run_simulate(config: SimulateConfig) -> dict:
+    """Replay and compare; returns simulate's JSON summary (SPEC) and writes ``config.out``."""
+    run = load_run(config)
+    t, n = run.runtimes.shape
+    specs = list(config.policies) or default_policy_specs(n, config.checkpoint is not None)
+    metrics, replays = compare(specs, run, config)
+    start = int(config.from_frac * t)
+    summary = {
+        "workers": n,
+        "iterations": t - start,
+        "policies": metrics,
+        **best_policies(metrics),
+        "run_id": run.run_id,
+        "from_iteration": start,
+        "overhead_s": config.overhead_s,
+    }
+    if config.out is not None:
+        write_simulation(config, summary, replays)
+    return summary
+
+
+def write_simulation(config: SimulateConfig, summary: dict, replays: list[PolicyRun]) -> None:
+    """The run directory (``schemas.run_dir``): one iterations row per (policy, update)."""
+    from schemas.run_dir import iterations_table, write_run_dir
+
+    columns: dict[str, list] = {key: [] for key in ("policy", *RUN_DIR_COLUMNS)}
+    for r in replays:
+        rows = len(r.columns.get("c", []))
+        columns["policy"] += [r.name] * rows
+        for key in RUN_DIR_COLUMNS:
+            columns[key] += r.columns.get(key, [None] * rows)
+    traces = str(config.traces) if config.traces is not None else None
+    summary = {"kind": "simulate", "traces": traces, **summary}
+    write_run_dir(config.out, summary, iterations_table(columns))

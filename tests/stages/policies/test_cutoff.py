@@ -1,0 +1,122 @@
+"""Sync cutoff policies: the shared objective and each policy's choice on hand-made cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stages.errors import ConfigError
+from stages.policies.cutoff import (
+    BdsgdCutoff,
+    EcdfCutoff,
+    ElfvingCutoff,
+    EwmaCutoff,
+    FullSync,
+    OracleCutoff,
+    StaticCutoff,
+    best_cutoff,
+)
+
+ALL = np.ones(4, dtype=bool)
+
+
+class FixedPredictor:
+    """A Predictor test double: always the same (S, N) samples; records what it observed."""
+
+    def __init__(self, samples: np.ndarray) -> None:
+        self.samples = torch.as_tensor(samples, dtype=torch.float64)
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        self.seen.append((runtimes, censored))
+
+    def sample(self, num_samples: int) -> torch.Tensor:
+        return self.samples[:num_samples]
+
+
+def test_best_cutoff_trades_gradients_for_time():
+    # 3 fast workers then a straggler: c=3 gives 3/1.2 = 2.5/s, c=4 gives 4/10
+    assert best_cutoff(np.array([1.0, 1.1, 1.2, 10.0]), overhead_s=0.0) == 3
+    # equal run-times: waiting for everyone is free
+    assert best_cutoff(np.full(4, 1.0), overhead_s=0.0) == 4
+
+
+def test_overhead_makes_waiting_for_more_worthwhile():
+    expected = np.array([1.0, 2.0, 3.0, 4.0])
+    assert (
+        best_cutoff(expected, overhead_s=0.0) == 4
+    )  # c / c = 1 for every c: ties go to the larger c
+    assert best_cutoff(np.array([1.0, 2.5, 4.0, 6.0]), overhead_s=0.0) == 1
+    assert best_cutoff(np.array([1.0, 2.5, 4.0, 6.0]), overhead_s=10.0) == 4
+
+
+def test_full_and_static_cap_to_live_workers():
+    live = np.array([True, False, True, True])
+    assert FullSync().choose(live) == 3
+    assert StaticCutoff(2).choose(live) == 2
+    assert StaticCutoff(4).choose(live) == 3
+    with pytest.raises(ConfigError):
+        StaticCutoff(0)
+
+
+def test_oracle_cuts_at_the_true_straggler():
+    oracle = OracleCutoff()
+    oracle.reveal(np.array([1.0, 9.0, 1.1, 1.2]))
+    assert oracle.choose(ALL) == 3
+    oracle.reveal(np.array([1.0, 9.0, 1.1, 1.2]))
+    assert oracle.choose(np.array([True, False, True, True])) == 3
+
+
+def test_elfving_waits_for_everyone_on_a_tight_gaussian():
+    policy = ElfvingCutoff(window=10)
+    assert policy.choose(ALL) == 4  # no data yet
+    for _ in range(10):
+        policy.observe(np.array([1.0, 1.01, 0.99, 1.0]), np.zeros(4, dtype=bool))
+    assert policy.choose(ALL) == 4
+
+
+def test_elfving_drops_some_when_spread_is_wide():
+    policy = ElfvingCutoff(window=10)
+    for _ in range(10):
+        policy.observe(np.array([1.0, 1.0, 1.0, 6.0]), np.zeros(4, dtype=bool))
+    assert policy.choose(ALL) < 4
+
+
+def test_ecdf_drops_the_straggler_share():
+    policy = EcdfCutoff(window=20, num_samples=512, seed=0)
+    for _ in range(20):  # one worker in ten is 20x slower
+        policy.observe(np.r_[np.ones(9), 20.0], np.zeros(10, dtype=bool))
+    c = policy.choose(np.ones(10, dtype=bool))
+    assert 5 <= c <= 9
+
+
+def test_ewma_knows_which_worker_is_slow():
+    policy = EwmaCutoff(4, num_samples=128, seed=0)
+    assert policy.choose(ALL) == 4  # no data yet
+    for _ in range(30):
+        policy.observe(np.array([1.0, 1.0, 1.0, 5.0]), np.zeros(4, dtype=bool))
+    assert policy.choose(ALL) == 3
+    # the slow worker died: the rest are equal, wait for all of them
+    assert policy.choose(np.array([True, True, True, False])) == 3
+
+
+def test_bdsgd_uses_the_predictive_and_reports_quantiles():
+    rng = np.random.default_rng(0)
+    samples = np.c_[rng.uniform(0.9, 1.1, (256, 3)), rng.uniform(4.0, 6.0, (256, 1))]
+    predictor = FixedPredictor(samples)
+    policy = BdsgdCutoff(predictor, num_samples=256)
+    policy.overhead_s = 0.5
+    assert policy.choose(ALL) == 3
+    q = policy.describe()
+    assert 1.4 < q["pred_q10"] < q["pred_q50"] < q["pred_q90"] < 1.6  # x_(3) + overhead
+    # with only the slow worker and one fast one live, it waits for the fast one alone
+    assert policy.choose(np.array([True, False, False, True])) == 1
+
+
+def test_bdsgd_passes_observations_through():
+    predictor = FixedPredictor(np.ones((4, 4)))
+    policy = BdsgdCutoff(predictor, num_samples=4)
+    x, cens = np.array([1.0, 2.0, 3.0, 3.0]), np.array([False, False, False, True])
+    policy.observe(x, cens)
+    assert predictor.seen[0][0] is x and predictor.seen[0][1] is cens

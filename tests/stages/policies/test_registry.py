@@ -1,0 +1,49 @@
+"""Policy specs to policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from stages.errors import ConfigError
+from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
+from stages.policies.cutoff import EwmaCutoff, StaticCutoff
+from stages.policies.registry import default_policy_specs, make_policy
+
+
+def test_specs_build_named_policies():
+    assert make_policy("static:6", 8).name == "static:6"
+    assert isinstance(make_policy("static:6", 8), StaticCutoff)
+    assert isinstance(make_policy("ewma", 8), EwmaCutoff)
+    assert isinstance(make_policy("k-batch-sync:4", 8), KBatchSync)
+    async_ = make_policy("async", 8)
+    assert isinstance(async_, KAsync) and async_.k == 1 and async_.name == "async"
+    assert make_policy("full", 8, overhead_s=0.25).overhead_s == 0.25
+
+
+def test_adasync_period_spans_the_run():
+    assert make_policy("adasync:50", 8).period == 50
+    policy = make_policy("adasync", 8, iterations=400)
+    assert isinstance(policy, AdaSync) and policy.period == 400 * 8 // 4  # K = 1, 2, 4, 8
+
+
+@pytest.mark.parametrize(
+    "spec", ["nope", "static", "static:x", "static:0", "static:9", "full:3", "k-async:"]
+)
+def test_bad_specs_are_one_line_config_errors(spec):
+    with pytest.raises(ConfigError) as err:
+        make_policy(spec, 8)
+    assert "\n" not in str(err.value)
+
+
+def test_bdsgd_without_checkpoint_says_what_to_pass():
+    with pytest.raises(ConfigError, match="--checkpoint"):
+        make_policy("bdsgd", 8)
+
+
+def test_default_specs():
+    specs = default_policy_specs(20, with_checkpoint=False)
+    assert specs[0] == "full" and specs[-1] == "oracle"
+    assert {"static:19", "static:18", "static:15", "elfving", "ecdf", "ewma", "async"} <= set(specs)
+    assert "bdsgd" not in specs
+    assert "bdsgd" in default_policy_specs(20, with_checkpoint=True)
+    assert default_policy_specs(1, with_checkpoint=False)[0] == "full"
