@@ -35,6 +35,7 @@ from stages.policies.cutoff import OracleCutoff
 from stages.policies.registry import default_policy_specs, make_policy
 from stages.store import RunMatrix, TraceStore
 
+SAMPLE_SEED_OFFSET = 1_000_003
 PRED_KEYS = ("pred_q10", "pred_q50", "pred_q90")
 RUN_DIR_COLUMNS = (
     "iteration",
@@ -361,13 +362,11 @@ def load_run(config: SimulateConfig) -> RunMatrix:
 
 def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
     """T iterations of joint run-times drawn from the fitted model, each fed back to its filter
-    as an uncensored observation (the model generating a run of its own)."""
-    import torch
-
+    as an uncensored observation (the model generating a run of its own). Its random stream is
+    seeded apart from the bdsgd policy's, so the policy does not see the draws coming."""
     from stages.model.predictor import load_predictor
 
-    torch.manual_seed(seed)
-    predictor = load_predictor(checkpoint)
+    predictor = load_predictor(checkpoint, seed=seed + SAMPLE_SEED_OFFSET)
     rows = []
     for _ in range(iterations):
         x = predictor.sample(1)[0].detach().cpu().numpy().astype(float)

@@ -88,7 +88,8 @@ def _build(
     if kind == "adasync":
         return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
     if kind == "bdsgd":
-        return BdsgdCutoff(_load_predictor(checkpoint, num_workers, hosts), num_samples=num_samples)
+        predictor = _load_predictor(checkpoint, num_workers, hosts, seed)
+        return BdsgdCutoff(predictor, num_samples=num_samples)
     raise _unknown(spec)
 
 
@@ -113,12 +114,12 @@ def _adasync_period(num_workers: int, iterations: int | None) -> int:
     return max(1, iterations * num_workers // stages)
 
 
-def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None):
+def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None, seed: int):
     if checkpoint is None:
         raise ConfigError("policy 'bdsgd' needs a fitted model: pass --checkpoint FILE")
     from stages.model.predictor import load_predictor
 
-    return load_predictor(checkpoint, workers=list(range(num_workers)), hosts=hosts)
+    return load_predictor(checkpoint, workers=list(range(num_workers)), hosts=hosts, seed=seed)
 
 
 def _unknown(spec: str) -> ConfigError:

@@ -1,0 +1,124 @@
+"""``bdsgd simulate`` through click: the JSON contract, the run directory and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+from bdsgd_cli.main import cli
+from stages.store import TraceStore
+
+
+def write_run(path, run_id: str, runtimes: np.ndarray) -> None:
+    """One schema-v1 run of (T, N) run-times, nothing censored."""
+    t, n = runtimes.shape
+    it, wk = np.meshgrid(np.arange(t), np.arange(n), indexing="ij")
+    rows = t * n
+    TraceStore(path).append(
+        {
+            "run_id": [run_id] * rows,
+            "iteration": it.ravel().tolist(),
+            "worker": wk.ravel().tolist(),
+            "host": [f"h{w % 2}" for w in wk.ravel()],
+            "world_size": [n] * rows,
+            "start_s": np.zeros(rows).tolist(),
+            "runtime_s": runtimes.ravel().tolist(),
+            "censored": [False] * rows,
+            "cutoff": [None] * rows,
+            "policy": ["full"] * rows,
+            "source": ["profile"] * rows,
+        }
+    )
+
+
+def straggling(rows: int, workers: int, seed: int = 0) -> np.ndarray:
+    """Exponential-ish run-times plus one worker that is always 5x slower."""
+    x = np.random.default_rng(seed).lognormal(np.log(0.05), 0.2, (rows, workers))
+    x[:, -1] *= 5
+    return x
+
+
+def test_json_contract_is_the_last_stdout_line(tmp_path):
+    write_run(tmp_path / "traces", "profile-1", straggling(40, 6))
+    result = CliRunner().invoke(
+        cli, ["simulate", "--traces", str(tmp_path / "traces"), "--json", "--seed", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["workers"] == 6 and payload["iterations"] == 40
+    for name in ("full", "static:5", "elfving", "ecdf", "ewma", "async", "oracle"):
+        metrics = payload["policies"][name]
+        assert list(metrics)[:4] == ["throughput", "oracle_ratio", "mean_c", "decision_ms"]
+    assert payload["policies"]["oracle"]["oracle_ratio"] == 1.0
+    assert payload["policies"]["static:5"]["throughput"] > payload["policies"]["full"]["throughput"]
+    assert payload["best"] != "oracle"
+
+
+def test_policies_run_choice_from_frac_and_out(tmp_path):
+    write_run(tmp_path / "traces", "profile-1", straggling(50, 4))
+    write_run(tmp_path / "traces", "profile-2", straggling(20, 8))
+    out = tmp_path / "sim"
+    args = [
+        "simulate",
+        "--traces",
+        str(tmp_path / "traces"),
+        "--policies",
+        "full, static:3,ewma",
+        "--run",
+        "profile-1",
+        "--from-frac",
+        "0.8",
+        "--overhead-s",
+        "0.01",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["workers"] == 4 and payload["iterations"] == 10
+    assert set(payload["policies"]) == {"full", "static:3", "ewma"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "simulate" and summary["traces"] == str(tmp_path / "traces")
+    assert (out / "iterations.parquet").is_file()
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_unknown_policy_is_a_one_line_error(tmp_path):
+    write_run(tmp_path / "traces", "profile-1", straggling(10, 4))
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "--traces",
+            str(tmp_path / "traces"),
+            "--policies",
+            "full,warp",
+            "--out",
+            str(out),
+        ],
+    )
+    assert "unknown policy 'warp'" in one_line_error(result)
+    assert not out.exists()
+
+
+def test_missing_traces_and_missing_checkpoint_are_one_line_errors(tmp_path):
+    result = CliRunner().invoke(cli, ["simulate", "--traces", str(tmp_path / "none")])
+    assert "no trace files" in one_line_error(result)
+    result = CliRunner().invoke(cli, ["simulate"])
+    assert "--traces" in one_line_error(result)
+    write_run(tmp_path / "traces", "profile-1", straggling(10, 4))
+    result = CliRunner().invoke(
+        cli, ["simulate", "--traces", str(tmp_path / "traces"), "--policies", "bdsgd"]
+    )
+    assert "--checkpoint" in one_line_error(result)
