@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from stages.errors import ConfigError
 from stages.policies.base import Policy
@@ -394,7 +395,12 @@ def run_simulate(config: SimulateConfig) -> dict:
     run = load_run(config)
     t, n = run.runtimes.shape
     specs = list(config.policies) or default_policy_specs(n, config.checkpoint is not None)
-    metrics, replays = compare(specs, run, config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per-decision tensors are tiny: extra threads only contend
+    try:
+        metrics, replays = compare(specs, run, config)
+    finally:
+        torch.set_num_threads(threads)
     start = int(config.from_frac * t)
     summary = {
         "workers": n,

@@ -1,0 +1,149 @@
+"""``bdsgd simulate``: every policy on the same run-times, and the cost of a decision vs N.
+
+1. One synthetic drifting cluster (``SyntheticCluster``, seed 0: host-correlated slow spells,
+   drift, heavy-tailed spikes), 1000 iterations x 32 workers, replayed through every default
+   policy; the wall time of the whole comparison.
+2. ``decision_ms`` (p50, p99 of ``choose``) for bdsgd, ewma and ecdf at N = 32 .. 1024, S = 256
+   samples, after 20 observed iterations, torch on one thread (on a busy 2-core machine torch's
+   default two threads made bdsgd's decision ~100x slower at N=32). bdsgd runs an untrained model of the real architecture
+   (speed does not depend on the weights), so its cost is the predictor's ``sample`` plus the
+   shared order-statistics objective.
+
+Reproduce: ``.venv/bin/python -c "from benchmarks.bench_simulate import run; print(run())"``
+(or ``make bench``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stages.policies.base import Policy
+from stages.policies.cutoff import BdsgdCutoff
+from stages.policies.registry import default_policy_specs, make_policy
+from stages.simulate import SimulateConfig, compare
+from stages.store import RunMatrix
+from stages.stragglers import SyntheticCluster
+
+SAMPLES = 256
+
+
+def synthetic_run(iterations: int, workers: int) -> RunMatrix:
+    cluster = SyntheticCluster(seed=0)
+    runtimes = cluster.delays(iterations, workers)
+    full = np.ones(runtimes.shape, dtype=bool)
+    return RunMatrix("synthetic", runtimes, ~full, full, tuple(cluster.host_of(workers)))
+
+
+def policies_table(iterations: int, workers: int) -> str:
+    """Every default policy on one run, best first, and how long the comparison took."""
+    run = synthetic_run(iterations, workers)
+    specs = default_policy_specs(workers, with_checkpoint=False)
+    began = time.perf_counter()
+    metrics, _ = compare(specs, run, SimulateConfig(traces=Path("synthetic")))
+    seconds = time.perf_counter() - began
+    lines = [
+        f"Synthetic cluster (seed 0), {iterations} iterations x {workers} workers, "
+        f"{len(specs)} policies in {seconds:.1f} s.",
+        "",
+        "| policy | mode | throughput | oracle_ratio | mean_c | decision_ms p50 | p99 | "
+        "idle_fraction | staleness |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in sorted(metrics.items(), key=lambda kv: -kv[1]["throughput"]):
+        lines.append(
+            f"| {name} | {m['mode']} | {m['throughput']:.1f} | {m['oracle_ratio']:.3f} | "
+            f"{m['mean_c']:.1f} | {m['decision_ms']:.3f} | {m['decision_ms_p99']:.3f} | "
+            f"{m['idle_fraction']:.2f} | {m['mean_staleness']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def untrained_bdsgd(workers: int) -> BdsgdCutoff:
+    """bdsgd on an untrained model of the real architecture, hosts of 8 workers."""
+    from stages.model.data import Normaliser
+    from stages.model.predictor import RuntimePredictor
+    from stages.model.runtime_model import ModelConfig, RuntimeModel
+
+    hosts = max(1, workers // 8)
+    model = RuntimeModel(ModelConfig(num_workers=workers, num_hosts=hosts))
+    predictor = RuntimePredictor(
+        model,
+        Normaliser(np.log(0.05), 0.5),
+        torch.arange(1, workers + 1),
+        torch.tensor([1 + w % hosts for w in range(workers)]),
+        [f"host{w % hosts}" for w in range(workers)],
+        seed=0,
+    )
+    return BdsgdCutoff(predictor, num_samples=SAMPLES)
+
+
+def decision_ms(policy: Policy, workers: int, repeats: int) -> tuple[float, float]:
+    """p50, p99 of ``choose`` after 20 observed iterations (choose/observe alternate)."""
+    run = synthetic_run(20 + repeats, workers)
+    live = np.ones(workers, dtype=bool)
+    none = np.zeros(workers, dtype=bool)
+    for t in range(20):
+        policy.observe(run.runtimes[t], none)
+    times = []
+    for t in range(20, 20 + repeats):
+        began = time.perf_counter()
+        policy.choose(live)
+        times.append((time.perf_counter() - began) * 1e3)
+        policy.observe(run.runtimes[t], none)
+    return float(np.percentile(times, 50)), float(np.percentile(times, 99))
+
+
+def decision_table(sizes: list[int], repeats: int) -> str:
+    lines = [
+        f"`choose` with S = {SAMPLES}, {repeats} decisions each, ms p50 / p99:",
+        "",
+        "| N | bdsgd | ewma | ecdf |",
+        "|---|---|---|---|",
+    ]
+    for n in sizes:
+        policies = [
+            untrained_bdsgd(n),
+            make_policy("ewma", n, num_samples=SAMPLES),
+            make_policy("ecdf", n, num_samples=SAMPLES),
+        ]
+        cells = [decision_ms(p, n, repeats) for p in policies]
+        lines.append(f"| {n} | " + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in cells) + " |")
+    return "\n".join(lines)
+
+
+def run(quick: bool = False) -> str:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the simulator does: small tensors, threads only contend
+    try:
+        return _run(quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(quick: bool) -> str:
+    iterations, workers = (300, 16) if quick else (1000, 32)
+    sizes = [32, 1024] if quick else [32, 128, 512, 1024]
+    repeats = 20 if quick else 100
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"(1 thread), python {platform.python_version()}"
+    )
+    return "\n".join(
+        [
+            "## simulate",
+            "",
+            f'Machine: {machine}. Reproduce: `.venv/bin/python -c "from benchmarks.bench_simulate '
+            f'import run; print(run(quick={quick}))"`.',
+            "",
+            policies_table(iterations, workers),
+            "",
+            decision_table(sizes, repeats),
+            "",
+        ]
+    )
