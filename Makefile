@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := demo-out
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench bench-quick docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +23,29 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# A small emulated cluster: 4 workers on 4 emulated hosts with slow regimes that come and go.
+CLUSTER := synthetic:base_s=0.02,p_slow=0.03,p_recover=0.1,slow_factor=4
+
 demo: $(STAMP)
 	rm -rf $(DEMO)
-	$(BIN)/bdsgd profile --workers 4 --iterations 60 --traces $(DEMO)/traces --stragglers synthetic --seed 0
+	$(BIN)/bdsgd profile --workers 4 --iterations 200 --traces $(DEMO)/traces --stragglers $(CLUSTER) --seed 0
+	$(BIN)/bdsgd fit --traces $(DEMO)/traces --checkpoint $(DEMO)/model.pt --steps 300
+	$(BIN)/bdsgd train --workers 4 --iterations 80 --policy full --traces $(DEMO)/traces \
+		--out $(DEMO)/run-full --stragglers $(CLUSTER) --seed 0
+	$(BIN)/bdsgd train --workers 4 --iterations 80 --policy bdsgd --checkpoint $(DEMO)/model.pt \
+		--traces $(DEMO)/traces --out $(DEMO)/run-bdsgd --stragglers $(CLUSTER) --seed 0
+	$(BIN)/bdsgd simulate --traces $(DEMO)/traces --checkpoint $(DEMO)/model.pt --out $(DEMO)/simulate
+	$(BIN)/bdsgd report $(DEMO)/run-full $(DEMO)/run-bdsgd $(DEMO)/simulate --out $(DEMO)/report
+	@echo "demo done: plots and index in $(DEMO)/report/index.md"
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --out docs/benchmarks.md
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.run --out bench-out/benchmarks.md --quick
+
+docs: $(STAMP)
+	$(BIN)/python -m bdsgd_cli.docs docs/cli.md
 
 clean:
 	rm -rf $(DEMO) .pytest_cache

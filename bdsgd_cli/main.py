@@ -4,6 +4,11 @@ to import, ``bdsgd --help`` should not wait for them)."""
 from __future__ import annotations
 
 import importlib
+import os
+
+# c10d logs a warning for every store wait that times out, and the engine's early-ending delays
+# time out by design; this must be set before torch is imported.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import click
 
