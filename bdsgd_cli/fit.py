@@ -1,0 +1,81 @@
+"""``bdsgd fit``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bdsgd_cli import options
+from bdsgd_cli.common import emit_json, run_stage
+
+
+@click.command()
+@options.traces
+@click.option(
+    "--checkpoint",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the fitted model (one file, written atomically).",
+)
+@click.option("--steps", type=int, default=1000, show_default=True, help="SVI steps.")
+@options.seed
+@click.option(
+    "--init",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Continue from this earlier checkpoint.",
+)
+@click.option(
+    "--window", type=int, default=48, show_default=True, help="Iterations per training window."
+)
+@click.option("--batch", type=int, default=16, show_default=True, help="Windows per SVI step.")
+@click.option("--lr", type=float, default=3e-3, show_default=True, help="Initial learning rate.")
+@click.option(
+    "--holdout",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Share of each run's last iterations held out for val_nll (0: none).",
+)
+@click.option(
+    "--threads", type=int, default=1, show_default=True, help="torch CPU threads while fitting."
+)
+@click.option(
+    "--no-progress", "progress", flag_value=False, default=True, help="No progress bar on stderr."
+)
+@options.json_out
+@run_stage
+def fit(json_out: bool, traces: str, checkpoint: str, init: str | None, **kwargs) -> None:
+    """Train the deep generative run-time model on a trace store and save a checkpoint."""
+    from stages.fit import FitConfig, run_fit
+
+    result = run_fit(
+        FitConfig(
+            traces=Path(traces),
+            checkpoint=Path(checkpoint),
+            init=Path(init) if init else None,
+            **kwargs,
+        )
+    )
+    _print_table(result)
+    if json_out:
+        emit_json(result.to_json())
+
+
+def _print_table(result) -> None:
+    """The held-out NLL of the model and the baselines, on stderr (stdout stays for --json)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    if result.val_nll is None:
+        console.print(f"fitted {result.steps} steps -> {result.checkpoint} (no held-out data)")
+        return
+    table = Table(title=f"held-out one-step-ahead NLL, nats per run-time ({result.steps} steps)")
+    table.add_column("predictor")
+    table.add_column("nll", justify="right")
+    for name, nll in (("model", result.val_nll), *result.baseline_nll.items()):
+        table.add_row(name, f"{nll:.4f}")
+    console.print(table)
+    console.print(f"checkpoint: {result.checkpoint}  ({result.fit_s:.1f} s)")

@@ -1,0 +1,257 @@
+"""``bdsgd fit``: train the deep generative run-time model on a trace store and save a checkpoint.
+
+Each run's last ``holdout`` share of iterations is held out; SVI (ELBO, ClippedAdam) trains on
+random windows of the first part of every run, then :mod:`stages.model.evaluate` scores the
+held-out part for the model and the ``window``/``ewma`` baselines, and the checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyro
+import torch
+from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.optim import ClippedAdam
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from stages.errors import ConfigError, TraceError
+from stages.model.checkpoint import (
+    Checkpoint,
+    Vocab,
+    check_writable,
+    grown_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
+from stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
+from stages.model.evaluate import NllReport, evaluate, split
+from stages.model.runtime_model import ModelConfig, RuntimeModel
+from stages.store import RunMatrix, TraceStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitConfig:
+    """Everything ``bdsgd fit`` needs; the CLI flags map one-to-one onto these fields."""
+
+    traces: Path
+    """Trace store directory (schema v1)."""
+    checkpoint: Path
+    """Where to write the fitted model (written atomically)."""
+    steps: int = 1000
+    """SVI steps (one mini-batch of windows each)."""
+    seed: int = 0
+    """Seeds parameter initialisation, window sampling and evaluation."""
+    init: Path | None = None
+    """Continue from this checkpoint (its normalisation and vocabulary, grown by new ids)."""
+    window: int = 48
+    """Iterations per training window."""
+    batch: int = 16
+    """Windows per SVI step."""
+    lr: float = 3e-3
+    """Initial learning rate; it decays tenfold over the steps."""
+    holdout: float = 0.2
+    """Share of each run's last iterations held out for val_nll (0: train on all, no val_nll)."""
+    z_dim: int = 8
+    """Latent state size K."""
+    hidden: int = 64
+    """Width of the networks."""
+    unknown_p: float = 0.1
+    """Chance a worker/host is shown as "unknown" in a training window, to learn that embedding."""
+    eval_samples: int = 256
+    """Monte Carlo latent samples per held-out step for the model's joint predictive."""
+    threads: int = 1
+    """torch CPU threads while fitting (the networks are small: one thread is usually fastest)."""
+    progress: bool = True
+    """Show a progress bar with the ELBO on stderr."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "steps must be >= 1": self.steps >= 1,
+            "window must be >= 2": self.window >= 2,
+            "batch must be >= 1": self.batch >= 1,
+            "lr must be > 0": self.lr > 0,
+            "holdout must be in [0, 0.9]": 0.0 <= self.holdout <= 0.9,
+            "z_dim and hidden must be >= 1": self.z_dim >= 1 and self.hidden >= 1,
+            "unknown_p must be in [0, 1)": 0.0 <= self.unknown_p < 1.0,
+            "eval_samples must be >= 1": self.eval_samples >= 1,
+            "threads must be >= 1": self.threads >= 1,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"fit: {message}")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What a fit produced: SPEC's JSON fields plus the losses and timings."""
+
+    steps: int
+    val_nll: float | None
+    baseline_nll: dict[str, float] | None
+    checkpoint: Path
+    fit_s: float
+    losses: list[float] = field(repr=False)
+    """ELBO loss per SVI step, nats per training entry (lower is better)."""
+
+    def to_json(self) -> dict:
+        return {
+            "steps": self.steps,
+            "val_nll": self.val_nll,
+            "baseline_nll": self.baseline_nll,
+            "checkpoint": str(self.checkpoint),
+            "fit_s": round(self.fit_s, 3),
+        }
+
+
+def run_fit(config: FitConfig) -> FitResult:
+    """Train, evaluate on the held-out tails, save the checkpoint; see the module docstring."""
+    began = time.perf_counter()
+    runs = _load_runs(config.traces)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _fit(config, runs, began)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(config: FitConfig, runs: list[RunMatrix], began: float) -> FitResult:
+    pyro.set_rng_seed(config.seed)
+    pyro.clear_param_store()
+    prior = load_checkpoint(config.init) if config.init is not None else None
+    check_writable(config.checkpoint)
+    train_runs = [_head(r, split(r.shape[0], config.holdout)) for r in runs]
+    model, norm, vocab = _setup_model(config, train_runs, prior)
+    losses = train(model, [_tensors(r, norm, vocab) for r in train_runs], config)
+    ckpt = Checkpoint(model, norm, vocab, runs[-1].hosts, _plain(config), {})
+    report = None
+    if config.holdout > 0:
+        report = evaluate(ckpt, runs, config.holdout, config.eval_samples, config.seed)
+    ckpt = dataclasses.replace(ckpt, summary=_summary(config, runs, report))
+    save_checkpoint(config.checkpoint, ckpt)
+    return FitResult(
+        steps=config.steps,
+        val_nll=report.model if report else None,
+        baseline_nll={"window": report.window, "ewma": report.ewma} if report else None,
+        checkpoint=config.checkpoint,
+        fit_s=time.perf_counter() - began,
+        losses=losses,
+    )
+
+
+def _tensors(run: RunMatrix, norm: Normaliser, vocab: Vocab) -> RunTensors:
+    workers = vocab.worker_index(list(range(run.shape[1])))
+    return to_tensors(run, norm, workers, vocab.host_index(list(run.hosts)))
+
+
+def _load_runs(traces: Path) -> list[RunMatrix]:
+    """Every run of the store with at least 3 iterations (a held-out tail needs a head)."""
+    if not Path(traces).is_dir():
+        raise TraceError(f"no trace store at {traces}")
+    runs = [r for r in TraceStore(traces).run_matrices() if r.shape[0] >= 3]
+    if not runs:
+        raise TraceError(f"trace store {traces} has no run with at least 3 iterations")
+    return runs
+
+
+def _head(run: RunMatrix, end: int) -> RunMatrix:
+    """The first ``end`` iterations of a run (the training part)."""
+    return RunMatrix(
+        run.run_id, run.runtimes[:end], run.censored[:end], run.present[:end], run.hosts
+    )
+
+
+def _setup_model(
+    config: FitConfig, train_runs: list[RunMatrix], prior: Checkpoint | None
+) -> tuple[RuntimeModel, Normaliser, Vocab]:
+    """A fresh model sized for the runs' workers and hosts, or ``prior`` grown to cover them."""
+    base = prior.vocab if prior is not None else Vocab((), ())
+    vocab = base.extended([r.hosts for r in train_runs])
+    if prior is None:
+        cfg = ModelConfig(
+            num_workers=len(vocab.worker_ids),
+            num_hosts=len(vocab.host_names),
+            z_dim=config.z_dim,
+            hidden=config.hidden,
+        )
+        return RuntimeModel(cfg), Normaliser.fit(train_runs), vocab
+    cfg = ModelConfig(
+        **{
+            **prior.model.cfg.to_dict(),
+            "num_workers": len(vocab.worker_ids),
+            "num_hosts": len(vocab.host_names),
+        }
+    )
+    model = RuntimeModel(cfg)
+    model.load_state_dict(grown_state_dict(model, prior.model))
+    return model, prior.norm, vocab
+
+
+def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> list[float]:
+    """SVI on random windows; returns the loss (negative ELBO per training entry) of each step."""
+    rng = np.random.default_rng(config.seed)
+    optim = ClippedAdam({"lr": config.lr, "lrd": 0.1 ** (1.0 / config.steps), "clip_norm": 10.0})
+    svi = SVI(model.model, model.guide, optim, loss=TraceMeanField_ELBO())
+    losses: list[float] = []
+    with _progress(config.progress) as bar, pyro.validation_enabled(False):
+        task = bar.add_task("fit", total=config.steps, elbo=float("nan"))
+        for _ in range(config.steps):
+            batch = _mask_unknown(
+                sample_windows(data, config.window, config.batch, rng), config.unknown_p, rng
+            )
+            losses.append(svi.step(batch) / max(int(batch.present.sum()), 1))
+            bar.update(task, advance=1, elbo=-float(np.mean(losses[-20:])))
+    model.eval()
+    return losses
+
+
+def _mask_unknown(batch: RunTensors, p: float, rng: np.random.Generator) -> RunTensors:
+    """Show each worker id and host as "unknown" (index 0) with probability ``p``."""
+    n = batch.worker_idx.numel()
+    keep_w = torch.as_tensor(rng.random(n) >= p)
+    keep_h = torch.as_tensor(rng.random(n) >= p)
+    return RunTensors(
+        batch.y,
+        batch.censored,
+        batch.present,
+        batch.ewma,
+        batch.sd,
+        batch.feats,
+        batch.worker_idx * keep_w,
+        batch.host_idx * keep_h,
+    )
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]fit"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("ELBO/entry {task.fields[elbo]:.3f}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def _plain(config: FitConfig) -> dict:
+    """The config as plain values for the checkpoint."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(config).items()}
+
+
+def _summary(config: FitConfig, runs: list[RunMatrix], report: NllReport | None) -> dict:
+    return {
+        "steps": config.steps,
+        "val_nll": report.model if report else None,
+        "baseline_nll": {"window": report.window, "ewma": report.ewma} if report else None,
+        "traces": str(config.traces),
+        "workers": max(r.shape[1] for r in runs),
+        "runs": len(runs),
+    }

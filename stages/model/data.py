@@ -1,0 +1,165 @@
+"""Run-time data as the model sees it: normalisation, history features and training windows.
+
+Normalised log run-time: ``y = (log x - m) / s`` with ``m`` the median and ``s`` the spread of the
+uncensored training log run-times (kept in the checkpoint). A density in y converts to seconds by
+the Jacobian ``log p(x) = log p(y) - log s - log x``; a survival probability needs none.
+
+History features of worker w before iteration t (deterministic functions of ``y_{<t}``, like
+DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
+
+- ``e_t``: slow EWMA mean (alpha_slow) and ``v_t`` its EWMA variance: the ``ewma`` baseline;
+- ``r_t``: fast EWMA mean (alpha_fast) minus ``e_t``: a regime change the slow mean lags behind;
+- ``q_t``: the mean of ``r_t`` over the worker's host: host-correlated slowdowns.
+
+A censored value u (y >= u) is replaced by the truncated-normal mean
+``E[y | y >= u] = e + sd phi(a) / Phi(-a)``, ``a = (u - e) / sd``, and ignored when u < e - sd,
+where it says almost nothing; missing entries leave the state unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stages.store import RunMatrix
+
+ALPHA_SLOW = 0.1
+ALPHA_FAST = 0.5
+NUM_FEATURES = 3
+INIT_VAR = 0.25
+MIN_VAR = 1e-4
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """``y = (log x - loc) / scale``."""
+
+    loc: float
+    scale: float
+
+    @staticmethod
+    def fit(runs: list[RunMatrix]) -> Normaliser:
+        logs = np.concatenate(
+            [np.log(r.runtimes[r.present & ~r.censored]) for r in runs] or [np.zeros(0)]
+        )
+        if logs.size == 0:
+            return Normaliser(0.0, 1.0)
+        loc = float(np.median(logs))
+        scale = float(np.std(logs)) if logs.size > 1 else 1.0
+        return Normaliser(loc, max(scale, 1e-3))
+
+    def forward(self, runtimes: np.ndarray | torch.Tensor):
+        return (np.log(runtimes) - self.loc) / self.scale
+
+
+def host_groups(hosts: list[str] | tuple[str, ...]) -> torch.Tensor:
+    """(N,) long: index of each worker's host among the distinct hosts of this worker set."""
+    names = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+    return torch.tensor([names[h] for h in hosts], dtype=torch.long)
+
+
+class HistoryFilter:
+    """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
+
+    def __init__(self, groups: torch.Tensor):
+        n = groups.numel()
+        self.groups = groups
+        self.num_groups = int(groups.max()) + 1 if n else 0
+        self.slow = torch.zeros(n)
+        self.fast = torch.zeros(n)
+        self.var = torch.full((n,), INIT_VAR)
+        self.seen = torch.zeros(n, dtype=torch.bool)
+
+    def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(e, sd, f): slow mean (N,), spread (N,), features (N, 3) = [r, q, e]."""
+        r = (self.fast - self.slow) * self.seen
+        total = torch.zeros(self.num_groups).index_add_(0, self.groups, r)
+        count = torch.zeros(self.num_groups).index_add_(0, self.groups, self.seen.float())
+        q = (total / count.clamp(min=1.0))[self.groups]
+        return self.slow, self.var.sqrt(), torch.stack([r, q, self.slow], dim=-1)
+
+    def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
+        """Fold in one iteration of normalised log run-times (see the module docstring)."""
+        first = present & ~censored & ~self.seen
+        self.slow = torch.where(first, y, self.slow)
+        self.fast = torch.where(first, y, self.fast)
+        self.seen = self.seen | first
+        sd = self.var.sqrt()
+        a = (y - self.slow) / sd
+        log_phi = -0.5 * a**2 - 0.5 * math.log(2 * math.pi)
+        truncated = self.slow + sd * torch.exp(log_phi - torch.special.log_ndtr(-a))
+        target = torch.where(censored, truncated, y)
+        use = present & self.seen & ~first & (~censored | (a > -1.0))
+        diff = torch.where(use, target - self.slow, torch.zeros_like(y))
+        self.slow = self.slow + ALPHA_SLOW * diff
+        var = (1 - ALPHA_SLOW) * (self.var + ALPHA_SLOW * diff**2)
+        self.var = torch.where(use, var, self.var).clamp(min=MIN_VAR)
+        self.fast = torch.where(use, self.fast + ALPHA_FAST * (target - self.fast), self.fast)
+
+
+@dataclass(frozen=True)
+class RunTensors:
+    """One run, normalised, with its causal history features; all (T, N[, F]) float32/bool."""
+
+    y: torch.Tensor
+    censored: torch.Tensor
+    present: torch.Tensor
+    ewma: torch.Tensor
+    sd: torch.Tensor
+    feats: torch.Tensor
+    worker_idx: torch.Tensor
+    host_idx: torch.Tensor
+
+
+def run_history(
+    y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor, groups: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """History features before each iteration: e (T, N), sd (T, N), f (T, N, 3)."""
+    hist = HistoryFilter(groups)
+    es, sds, fs = [], [], []
+    for t in range(y.shape[0]):
+        e, sd, f = hist.features()
+        es.append(e), sds.append(sd), fs.append(f)
+        hist.update(y[t], censored[t], present[t])
+    return torch.stack(es), torch.stack(sds), torch.stack(fs)
+
+
+def to_tensors(
+    run: RunMatrix, norm: Normaliser, worker_idx: torch.Tensor, host_idx: torch.Tensor
+) -> RunTensors:
+    """Normalise a run (missing entries: y = 0, present = False) and compute its features."""
+    present = torch.as_tensor(run.present & np.isfinite(run.runtimes))
+    raw = np.where(present.numpy(), run.runtimes, 1.0)
+    y = torch.as_tensor(norm.forward(raw), dtype=torch.float32) * present
+    censored = torch.as_tensor(run.censored) & present
+    e, sd, f = run_history(y, censored, present, host_groups(run.hosts))
+    return RunTensors(y, censored, present, e, sd, f, worker_idx, host_idx)
+
+
+def sample_windows(
+    runs: list[RunTensors], window: int, batch: int, rng: np.random.Generator
+) -> RunTensors:
+    """``batch`` windows of ``window`` iterations from one run drawn in proportion to its size;
+    fields become (B, L, N[, F]); index fields stay (N,)."""
+    sizes = np.array([r.y.shape[0] * r.y.shape[1] for r in runs], dtype=float)
+    run = runs[rng.choice(len(runs), p=sizes / sizes.sum())]
+    length = min(window, run.y.shape[0])
+    starts = torch.as_tensor(rng.integers(0, run.y.shape[0] - length + 1, size=batch))
+    idx = starts[:, None] + torch.arange(length)[None, :]
+
+    def cut(x: torch.Tensor) -> torch.Tensor:
+        return x[idx]
+
+    return RunTensors(
+        cut(run.y),
+        cut(run.censored),
+        cut(run.present),
+        cut(run.ewma),
+        cut(run.sd),
+        cut(run.feats),
+        run.worker_idx,
+        run.host_idx,
+    )

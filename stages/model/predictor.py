@@ -1,0 +1,145 @@
+"""The fitted model as a per-iteration predictor for policies and for evaluation.
+
+The filter keeps P particles ``z_t^(p) ~ q(z_t | z_{t-1}^(p), x_{<=t})`` (the guide run forward),
+the encoder's GRU state ``h_t`` and the workers' history features. ``observe`` advances all of
+them by one iteration (O(N + P), no loop over workers); ``sample(S)`` draws
+``z_{t+1} ~ p(z_{t+1} | z_t^(p))`` and then all N run-times jointly from the emission in a
+few batched tensor operations. Per-worker emission parameters are computed once, at construction.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from stages.errors import ConfigError
+from stages.model.checkpoint import Checkpoint, load_checkpoint
+from stages.model.data import HistoryFilter, Normaliser, host_groups
+from stages.model.runtime_model import RuntimeModel, censored_normal_log_lik
+
+DEFAULT_PARTICLES = 64
+
+
+class RuntimePredictor:
+    """Joint predictive of the next iteration's run-times; satisfies ``policies.base.Predictor``."""
+
+    def __init__(
+        self,
+        model: RuntimeModel,
+        norm: Normaliser,
+        worker_idx: torch.Tensor,
+        host_idx: torch.Tensor,
+        hosts: list[str],
+        particles: int = DEFAULT_PARTICLES,
+        seed: int | None = None,
+    ):
+        self.model = model.eval()
+        self.norm = norm
+        self.num_workers = len(hosts)
+        self.gen = torch.Generator().manual_seed(seed if seed is not None else 0)
+        self.hist = HistoryFilter(host_groups(hosts))
+        with torch.inference_mode():
+            self.params = model.head(worker_idx, host_idx)
+            self.emb_proj = model.encoder.embed(self.params.emb)
+            self.h = model.encoder.h0.reshape(1, 1, -1).clone()
+            self.z_chain = model.z_q_init.expand(particles, -1).clone()
+            self.z_now = model.z_init.expand(particles, -1).clone()
+        self._refresh()
+
+    @torch.inference_mode()
+    def _refresh(self) -> None:
+        """Cache the z-free emission terms for the next iteration from the history features."""
+        self.ewma, self.sd, feats = self.hist.features()
+        self.loc0, self.pre0 = self.model.emitter.base(self.params, self.ewma, feats)
+
+    def _normalise(self, runtimes, censored) -> tuple[torch.Tensor, ...]:
+        x = torch.as_tensor(np.asarray(runtimes, dtype=np.float64))
+        present = torch.isfinite(x) & (x > 0)
+        y = ((torch.where(present, x, 1.0).log() - self.norm.loc) / self.norm.scale).float()
+        cens = torch.as_tensor(np.asarray(censored, dtype=bool)) & present
+        return y * present, cens, present
+
+    @torch.inference_mode()
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        """Advance the filter by one iteration: (N,) seconds and (N,) censoring flags; a
+        non-finite or non-positive run-time marks a missing entry."""
+        y, cens, present = self._normalise(runtimes, censored)
+        enc = self.model.encoder
+        g = enc.pooled(y, cens, present, self.ewma, self.emb_proj)
+        _, self.h = enc.gru(g.reshape(1, 1, -1), self.h)
+        loc, scale = self.model.combiner(self.z_chain, self.h[0])
+        self.z_chain = loc + scale * torch.randn(loc.shape, generator=self.gen)
+        self.z_now = self.z_chain
+        self.hist.update(y, cens, present)
+        self._refresh()
+
+    def _next_y_params(self, num_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """loc, scale (S, N) of y_{t+1} given S draws of z_{t+1} ~ p(. | z_t^(p))."""
+        z = self.z_now[torch.arange(num_samples) % self.z_now.shape[0]]
+        loc, scale = self.model.transition(z)
+        z_next = loc + scale * torch.randn(loc.shape, generator=self.gen)
+        return self.model.emitter(z_next, self.params, self.loc0, self.pre0, self.sd)
+
+    @torch.inference_mode()
+    def sample(self, num_samples: int) -> torch.Tensor:
+        """(S, N) joint samples of the next iteration's run-times, seconds (float32)."""
+        loc, scale = self._next_y_params(num_samples)
+        y = torch.randn(loc.shape, generator=self.gen).mul_(scale).add_(loc)
+        return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
+
+    @torch.inference_mode()
+    def log_predictive(self, runtimes, censored, num_samples: int = 256) -> tuple[float, int]:
+        """Monte Carlo joint one-step-ahead log-likelihood of the next iteration, in nats of
+        seconds, and the number of scored entries:
+
+            log p(x_{t+1} | x_{<=t}) ~ logsumexp_s sum_w log p(x_w | z^(s)) - log S,
+
+        with log p(x) = log p(y) - log s - log x for uncensored entries (the Jacobian)."""
+        y, cens, present = self._normalise(runtimes, censored)
+        loc, scale = self._next_y_params(num_samples)
+        ll = (censored_normal_log_lik(y, cens, loc, scale) * present).sum(-1)
+        joint = float(torch.logsumexp(ll.double(), 0)) - math.log(num_samples)
+        exact = present & ~cens
+        log_x = y * self.norm.scale + self.norm.loc
+        jacobian = float(((log_x + math.log(self.norm.scale)) * exact).sum())
+        return joint - jacobian, int(present.sum())
+
+
+def load_predictor(
+    path: str | os.PathLike,
+    workers: list[int] | None = None,
+    hosts: list[str] | None = None,
+    *,
+    particles: int = DEFAULT_PARTICLES,
+    seed: int | None = None,
+) -> RuntimePredictor:
+    """A predictor for the given worker ids (default: the latest fitted run's 0..N-1) on the given
+    hosts (default: where each id last ran, else "unknown"). Unknown ids and hosts use the
+    learned "unknown" embedding."""
+    return predictor_from(load_checkpoint(path), workers, hosts, particles=particles, seed=seed)
+
+
+def predictor_from(
+    ckpt: Checkpoint,
+    workers: list[int] | None = None,
+    hosts: list[str] | None = None,
+    *,
+    particles: int = DEFAULT_PARTICLES,
+    seed: int | None = None,
+) -> RuntimePredictor:
+    """:func:`load_predictor` for a checkpoint already in memory."""
+    if workers is None:
+        workers = list(range(len(hosts) if hosts is not None else len(ckpt.default_hosts)))
+    if hosts is None:
+        hosts = [ckpt.vocab.worker_hosts.get(int(w), "unknown") for w in workers]
+    if len(hosts) != len(workers) or not workers:
+        raise ConfigError(
+            f"predictor needs one host per worker and at least one worker "
+            f"(got {len(workers)} workers, {len(hosts)} hosts)"
+        )
+    widx = ckpt.vocab.worker_index(list(workers))
+    hidx = ckpt.vocab.host_index(list(hosts))
+    return RuntimePredictor(ckpt.model, ckpt.norm, widx, hidx, list(hosts), particles, seed)

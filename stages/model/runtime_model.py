@@ -1,0 +1,236 @@
+"""The deep generative run-time model (Pyro) and its amortized filtering guide.
+
+Notation: ``y_{t,w} = (log x_{t,w} - m) / s`` is worker w's normalised log run-time at iteration
+t; ``e, sd, f`` are its history features from ``y_{<t}`` (see :mod:`stages.model.data`);
+``z_t in R^K`` is the latent cluster state.
+
+Generative model (one window of L iterations, N workers)::
+
+    z_t | z_{t-1} ~ N(mu(z_{t-1}), diag sigma(z_{t-1})^2)              GatedTransition
+    y_{t,w} | z_t ~ N(loc_{t,w}, scale_{t,w}^2), independent given z_t   Emitter
+        loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
+        scale = sd_{t,w} * softplus(c_w + h_w . f_{t,w} + phi(z_t) . C_w)
+        (a, g, B, c, h, C)_w = MLP(worker_emb[w] + host_emb[host(w)])    WorkerHead
+
+So ``x = exp(m + s y)`` is log-normal given ``z_t``; sharing ``z_t`` (and host embeddings) makes
+the workers' run-times jointly dependent. The emission is linear in ``phi(z)`` and nonlinear in
+the embeddings, so the per-worker MLP runs once per worker set and sampling is one matmul.
+
+Censoring: an entry known only as ``y >= u`` contributes ``log P(y >= u) = log Phi((loc - u) /
+scale)``; a missing entry (present = False) contributes nothing.
+
+Guide (filtering, past only)::
+
+    g_t = mean_w  tanh(W [y_{t,w}, y_{t,w} - e_{t,w}, censored, emb_w])   over present workers
+    h_t = GRU(g_t, h_{t-1})
+    q(z_t | z_{t-1}, x_{<=t}) = N(Combiner(z_{t-1}, h_t))
+
+Embedding index 0 is the learned "unknown" worker / host, used for ids not seen in training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from stages.model.data import NUM_FEATURES, RunTensors
+
+SOFTPLUS_ONE = 0.5413248546129181  # softplus(SOFTPLUS_ONE) == 1
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Sizes of the networks (stored in the checkpoint as a plain dict)."""
+
+    num_workers: int
+    """Known worker ids (embedding rows beyond the unknown row 0)."""
+    num_hosts: int
+    """Known host names."""
+    z_dim: int = 8
+    hidden: int = 64
+    emb_dim: int = 16
+    phi_dim: int = 16
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class GatedTransition(nn.Module):
+    """p(z_t | z_{t-1}) = N(mu, sigma^2): mu = (1 - g) * W z + g * MLP(z), g = sigmoid(MLP(z)),
+    sigma = softplus(V relu(MLP(z))), as in Pyro's Deep Markov Model."""
+
+    def __init__(self, z_dim: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Sequential(nn.Linear(z_dim, hidden), nn.ReLU(), nn.Linear(hidden, z_dim))
+        self.proposed = nn.Sequential(nn.Linear(z_dim, hidden), nn.ReLU(), nn.Linear(hidden, z_dim))
+        self.z_to_loc = nn.Linear(z_dim, z_dim)
+        self.to_scale = nn.Linear(z_dim, z_dim)
+        nn.init.eye_(self.z_to_loc.weight)
+        nn.init.zeros_(self.z_to_loc.bias)
+
+    def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate = torch.sigmoid(self.gate(z))
+        proposed = self.proposed(z)
+        loc = (1 - gate) * self.z_to_loc(z) + gate * proposed
+        scale = F.softplus(self.to_scale(F.relu(proposed))) + 1e-3
+        return loc, scale
+
+
+class Combiner(nn.Module):
+    """q(z_t | z_{t-1}, h_t) = N(loc, scale^2) with c = (tanh(W z_{t-1}) + h_t) / 2,
+    loc = U c, scale = softplus(V c)."""
+
+    def __init__(self, z_dim: int, hidden: int):
+        super().__init__()
+        self.z_to_hidden = nn.Linear(z_dim, hidden)
+        self.to_loc = nn.Linear(hidden, z_dim)
+        self.to_scale = nn.Linear(hidden, z_dim)
+
+    def forward(self, z: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = 0.5 * (torch.tanh(self.z_to_hidden(z)) + h)
+        return self.to_loc(c), F.softplus(self.to_scale(c)) + 1e-3
+
+
+@dataclass(frozen=True)
+class WorkerParams:
+    """Per-worker emission parameters, computed once per worker set: a, c (N,); g, h (N, F);
+    B, C (N, phi_dim); emb (N, emb_dim) for the encoder."""
+
+    a: torch.Tensor
+    g: torch.Tensor
+    B: torch.Tensor
+    c: torch.Tensor
+    h: torch.Tensor
+    C: torch.Tensor
+    emb: torch.Tensor
+
+
+class WorkerHead(nn.Module):
+    """(a, g, B, c, h, C)_w = MLP(worker_emb[w] + host_emb[host(w)]); index 0 = unknown."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.worker_emb = nn.Embedding(cfg.num_workers + 1, cfg.emb_dim)
+        self.host_emb = nn.Embedding(cfg.num_hosts + 1, cfg.emb_dim)
+        nn.init.normal_(self.worker_emb.weight, std=0.1)
+        nn.init.normal_(self.host_emb.weight, std=0.1)
+        self.sizes = [1, NUM_FEATURES, cfg.phi_dim, 1, NUM_FEATURES, cfg.phi_dim]
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.emb_dim, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, sum(self.sizes))
+        )
+        nn.init.normal_(self.mlp[2].weight, std=0.01)
+        nn.init.zeros_(self.mlp[2].bias)
+
+    def forward(self, worker_idx: torch.Tensor, host_idx: torch.Tensor) -> WorkerParams:
+        emb = self.worker_emb(worker_idx) + self.host_emb(host_idx)
+        a, g, B, c, h, C = self.mlp(emb).split(self.sizes, dim=-1)
+        return WorkerParams(a[..., 0], g, B, c[..., 0], h, C, emb)
+
+
+class Emitter(nn.Module):
+    """p(y_t | z_t): independent normals per worker given z_t (see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.phi = nn.Sequential(nn.Linear(cfg.z_dim, cfg.phi_dim), nn.Tanh())
+
+    @staticmethod
+    def base(params: WorkerParams, ewma: torch.Tensor, feats: torch.Tensor):
+        """z-free parts: loc0 = e + a + g.f and the scale's pre-activation c + h.f, (..., N)."""
+        loc0 = ewma + params.a + (feats * params.g).sum(-1)
+        pre0 = params.c + (feats * params.h).sum(-1) + SOFTPLUS_ONE
+        return loc0, pre0
+
+    def forward(self, z: torch.Tensor, params: WorkerParams, loc0, pre0, sd):
+        """loc, scale of y given z: z (..., K) -> (..., N)."""
+        phi = self.phi(z)
+        loc = loc0 + phi @ params.B.T
+        scale = sd * F.softplus(pre0 + phi @ params.C.T) + 1e-3
+        return loc, scale
+
+
+def censored_normal_log_lik(
+    y: torch.Tensor, censored: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """Per-entry log N(y; loc, scale) or, where censored, log P(Y >= y) = log Phi((loc - y)/scale)."""
+    z = (y - loc) / scale
+    log_pdf = -0.5 * z**2 - scale.log() - LOG_SQRT_2PI
+    return torch.where(censored, torch.special.log_ndtr(-z), log_pdf)
+
+
+class Encoder(nn.Module):
+    """h_t = GRU(mean_w tanh(W [y, y - e, censored, emb_w]), h_{t-1}), over present workers."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inputs = nn.Linear(3, cfg.hidden)
+        self.embed = nn.Linear(cfg.emb_dim, cfg.hidden, bias=False)
+        self.gru = nn.GRU(cfg.hidden, cfg.hidden, batch_first=True)
+        self.h0 = nn.Parameter(torch.zeros(cfg.hidden))
+
+    def pooled(self, y, censored, present, ewma, emb_proj) -> torch.Tensor:
+        """(..., N) inputs -> (..., hidden) masked mean over workers."""
+        x = torch.stack([y, (y - ewma) * present, censored.float()], dim=-1)
+        per_worker = torch.tanh(self.inputs(x) + emb_proj) * present.unsqueeze(-1)
+        return per_worker.sum(-2) / present.sum(-1, keepdim=True).clamp(min=1)
+
+    def forward(self, data: RunTensors, emb: torch.Tensor) -> torch.Tensor:
+        """(B, L, N) window -> (B, L, hidden) filtered GRU states."""
+        g = self.pooled(data.y, data.censored, data.present, data.ewma, self.embed(emb))
+        h0 = self.h0.expand(1, g.shape[0], -1).contiguous()
+        return self.gru(g, h0)[0]
+
+
+class RuntimeModel(nn.Module):
+    """Deep Markov model of joint run-times with censoring; ``model``/``guide`` for Pyro SVI."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.head = WorkerHead(cfg)
+        self.transition = GatedTransition(cfg.z_dim, cfg.hidden)
+        self.emitter = Emitter(cfg)
+        self.encoder = Encoder(cfg)
+        self.combiner = Combiner(cfg.z_dim, cfg.hidden)
+        self.z_init = nn.Parameter(torch.zeros(cfg.z_dim))
+        self.z_q_init = nn.Parameter(torch.zeros(cfg.z_dim))
+
+    def emission_log_lik(self, z: torch.Tensor, data: RunTensors, params: WorkerParams):
+        """sum over present entries of log p(y_{t,w} | z_t): z (B, L, K) -> (B,)."""
+        loc0, pre0 = self.emitter.base(params, data.ewma, data.feats)
+        loc, scale = self.emitter(z, params, loc0, pre0, data.sd)
+        ll = censored_normal_log_lik(data.y, data.censored, loc, scale)
+        return (ll * data.present).sum((-1, -2))
+
+    def model(self, data: RunTensors) -> None:
+        """p(z_{1:L}) p(y_{1:L} | z_{1:L}) for a batch of windows (B, L, N)."""
+        pyro.module("runtime_model", self)
+        batch, length = data.y.shape[:2]
+        params = self.head(data.worker_idx, data.host_idx)
+        zs = []
+        with pyro.plate("windows", batch):
+            z = self.z_init.expand(batch, -1)
+            for t in range(length):
+                loc, scale = self.transition(z)
+                z = pyro.sample(f"z_{t}", dist.Normal(loc, scale).to_event(1))
+                zs.append(z)
+            pyro.factor("y", self.emission_log_lik(torch.stack(zs, 1), data, params))
+
+    def guide(self, data: RunTensors) -> None:
+        """q(z_{1:L} | y_{1:L}) = prod_t q(z_t | z_{t-1}, h_t), h_t from the past only."""
+        pyro.module("runtime_model", self)
+        batch, length = data.y.shape[:2]
+        params = self.head(data.worker_idx, data.host_idx)
+        h = self.encoder(data, params.emb)
+        with pyro.plate("windows", batch):
+            z = self.z_q_init.expand(batch, -1)
+            for t in range(length):
+                loc, scale = self.combiner(z, h[:, t])
+                z = pyro.sample(f"z_{t}", dist.Normal(loc, scale).to_event(1))

@@ -1,0 +1,59 @@
+"""History features and windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from stages.model.data import HistoryFilter, Normaliser, host_groups, sample_windows, to_tensors
+from stages.policies.estimators import EwmaLogNormal
+from stages.store import RunMatrix
+from tests.stages.model.clusters import drifting_cluster
+
+
+def test_slow_history_feature_is_the_ewma_baseline():
+    x, cens, hosts = drifting_cluster(80, 5, 2, seed=3, cutoff=4)
+    hist, ewma = HistoryFilter(host_groups(hosts)), EwmaLogNormal(5)
+    present = torch.ones(5, dtype=torch.bool)
+    for t in range(80):
+        hist.update(
+            torch.as_tensor(np.log(x[t]), dtype=torch.float32), torch.as_tensor(cens[t]), present
+        )
+        ewma.observe(x[t], cens[t])
+    e, sd, feats = hist.features()
+    mu, sigma = ewma.params()
+    np.testing.assert_allclose(e.numpy(), mu, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sd.numpy(), sigma, rtol=1e-4)
+    assert feats.shape == (5, 3)
+
+
+def test_host_feature_is_shared_by_a_host_and_missing_entries_change_nothing():
+    hist = HistoryFilter(host_groups(["a", "b", "a", "b"]))
+    hist.update(torch.zeros(4), torch.zeros(4, dtype=torch.bool), torch.ones(4, dtype=torch.bool))
+    hist.update(
+        torch.tensor([1.0, 0.0, 3.0, 0.0]),
+        torch.zeros(4, dtype=torch.bool),
+        torch.ones(4, dtype=torch.bool),
+    )
+    before = hist.features()[2].clone()
+    hist.update(
+        torch.full((4,), 9.0), torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool)
+    )
+    feats = hist.features()[2]
+    assert torch.equal(feats, before)
+    assert feats[0, 1] == feats[2, 1] and feats[0, 1] > 0 and feats[1, 1] == 0
+
+
+def test_windows_come_from_one_run_and_keep_its_worker_set():
+    runs = []
+    for n in (3, 5):
+        x, cens, hosts = drifting_cluster(30, n, 2, seed=n)
+        run = RunMatrix("r", x, cens, np.ones_like(cens), tuple(hosts))
+        runs.append(
+            to_tensors(
+                run, Normaliser.fit([run]), torch.arange(1, n + 1), torch.ones(n, dtype=torch.long)
+            )
+        )
+    batch = sample_windows(runs, 8, 4, np.random.default_rng(0))
+    n = batch.worker_idx.numel()
+    assert batch.y.shape == (4, 8, n) and batch.feats.shape == (4, 8, n, 3)

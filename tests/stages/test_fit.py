@@ -1,0 +1,100 @@
+"""``run_fit``: config checks, errors, reproducibility, continuing from a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stages.errors import CheckpointError, ConfigError, TraceError
+from stages.fit import FitConfig, run_fit
+from stages.model.checkpoint import load_checkpoint
+from stages.model.predictor import load_predictor
+from stages.store import TraceStore
+from stages.stragglers import SyntheticCluster
+from tests.stages.model.clusters import write_run
+
+
+def _store(path: Path, workers: int = 5, iterations: int = 60, seed: int = 0) -> TraceStore:
+    cluster = SyntheticCluster(seed=seed, hosts=2, p_slow=0.05)
+    store = TraceStore(path)
+    x = cluster.delays(iterations, workers)
+    write_run(store, f"run-{seed}", x, np.zeros_like(x, dtype=bool), cluster.host_of(workers))
+    return store
+
+
+def _config(tmp_path: Path, **kwargs) -> FitConfig:
+    defaults = dict(
+        traces=tmp_path / "traces",
+        checkpoint=tmp_path / "m.pt",
+        steps=8,
+        window=16,
+        batch=4,
+        hidden=16,
+        eval_samples=16,
+        progress=False,
+    )
+    return FitConfig(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("steps", 0), ("window", 1), ("batch", 0), ("lr", 0.0), ("holdout", 0.95), ("unknown_p", 1.0)],
+)
+def test_bad_config_values_are_config_errors(tmp_path, field, value):
+    with pytest.raises(ConfigError, match=field):
+        _config(tmp_path, **{field: value})
+
+
+def test_fit_writes_a_checkpoint_with_its_summary(tmp_path):
+    _store(tmp_path / "traces")
+    result = run_fit(_config(tmp_path))
+    assert len(result.losses) == 8 and np.isfinite(result.losses).all()
+    assert set(result.baseline_nll) == {"window", "ewma"} and np.isfinite(result.val_nll)
+    summary = load_checkpoint(result.checkpoint).summary
+    assert summary["val_nll"] == result.val_nll and summary["workers"] == 5
+    assert load_predictor(result.checkpoint).sample(4).shape == (4, 5)
+
+
+def test_same_seed_same_fit(tmp_path):
+    _store(tmp_path / "traces")
+    a = run_fit(_config(tmp_path, checkpoint=tmp_path / "a.pt", seed=3))
+    b = run_fit(_config(tmp_path, checkpoint=tmp_path / "b.pt", seed=3))
+    assert a.losses == b.losses and a.val_nll == b.val_nll
+    sa = load_checkpoint(a.checkpoint).model.state_dict()
+    sb = load_checkpoint(b.checkpoint).model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_init_continues_and_grows_to_new_workers(tmp_path):
+    _store(tmp_path / "traces")
+    first = run_fit(_config(tmp_path, checkpoint=tmp_path / "a.pt"))
+    _store(tmp_path / "traces", workers=7, seed=1)
+    second = run_fit(_config(tmp_path, checkpoint=tmp_path / "b.pt", init=first.checkpoint))
+    old, new = load_checkpoint(first.checkpoint), load_checkpoint(second.checkpoint)
+    assert new.norm == old.norm and new.vocab.worker_ids[:5] == old.vocab.worker_ids
+    assert len(new.vocab.worker_ids) == 7 and new.model.cfg.hidden == 16
+
+
+def test_holdout_zero_trains_on_everything_without_val_nll(tmp_path):
+    _store(tmp_path / "traces")
+    result = run_fit(_config(tmp_path, holdout=0.0))
+    assert result.val_nll is None and result.baseline_nll is None
+
+
+def test_empty_or_missing_store_is_a_trace_error(tmp_path):
+    (tmp_path / "traces").mkdir()
+    with pytest.raises(TraceError):
+        run_fit(_config(tmp_path))
+    with pytest.raises(TraceError):
+        run_fit(_config(tmp_path, traces=tmp_path / "nowhere"))
+
+
+def test_bad_init_fails_before_training(tmp_path):
+    _store(tmp_path / "traces")
+    (tmp_path / "bad.pt").write_text("nope")
+    with pytest.raises(CheckpointError):
+        run_fit(_config(tmp_path, init=tmp_path / "bad.pt"))
+    assert not (tmp_path / "m.pt").exists()
