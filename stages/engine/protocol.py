@@ -18,6 +18,7 @@ GRAD_TAG = 2
 PARAM_HEADER = 2  # iteration, cutoff
 GRAD_HEADER = 3  # runtime_s, loss, worker
 STOP = "stop"
+READY = "ready"  # counter: workers that have started and reached the store
 
 
 # -- store keys -------------------------------------------------------------------------------

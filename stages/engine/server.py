@@ -86,6 +86,7 @@ class Server:
         self.current = -1
         self.facts: dict[int, dict] = {}
         self.overhead = 0.0
+        self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
         self.t0 = time.perf_counter()
         self.grad_buf = torch.zeros(
             P.GRAD_HEADER + parameters_to_vector(self.model.parameters()).numel()
@@ -93,6 +94,8 @@ class Server:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
+        self.wait_ready()
+        self.t0 = time.perf_counter() - self.wall_offset  # the clock starts with the workers
         for t in range(start, self.cfg.iterations):
             self.current = t
             on_iteration(t, self.iteration(t))
@@ -224,6 +227,16 @@ class Server:
         return float(self.workload.loss(self.model(x), y))
 
     # -- liveness -----------------------------------------------------------------------------
+    def wait_ready(self) -> None:
+        """Wait (bounded) until every live worker has started, so that process start-up is not
+        counted as iteration 0's time (nor as the engine's overhead)."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while self.store.add(P.READY, 0) < int(self.live.sum()):
+            if time.monotonic() > deadline:
+                raise WorkerError(f"workers did not start within {self.cfg.timeout_s:g} s")
+            self.reap()
+            time.sleep(0.01)
+
     def reap(self) -> bool:
         """Mark workers whose process ended as dead; True if any newly died."""
         newly = [w for w in np.flatnonzero(self.live) if not self.alive(int(w))]
@@ -333,4 +346,4 @@ class Server:
         self.log.rows = {k: list(v) for k, v in state["log"].items()}
         self.overhead = float(state["overhead"])
         if self.log.rows.get("wall_s"):
-            self.t0 -= self.log.rows["wall_s"][-1]  # wall-clock continues where it stopped
+            self.wall_offset = self.log.rows["wall_s"][-1]  # wall-clock continues where it stopped

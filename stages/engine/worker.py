@@ -58,6 +58,7 @@ class Worker:
 
     def run(self) -> None:
         t = int(self.store.get("start_iteration").decode())
+        self.store.add(P.READY, 1)
         while t < self.spec.iterations:
             announced = self.wait_for(P.go_key(t))
             if announced == P.STOP:

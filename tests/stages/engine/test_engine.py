@@ -1,0 +1,171 @@
+"""The engine in this process (:func:`run_engine`) with tiny configs: admission of exactly c
+gradients, stragglers cut off and censored, learning-rate scaling, a worker killed mid-run."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from stages.engine.launch import run_engine
+from stages.engine.server import EngineConfig, Server
+from stages.policies.cutoff import StaticCutoff
+from stages.store import TraceStore
+from stages.workloads import load_workload
+from tests.stages.engine import write_replay_trace
+
+SLOW_S, FAST_S = 0.5, 0.005
+
+
+class RecordingStatic(StaticCutoff):
+    """``static:C`` that keeps every observation and every live mask it was given."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__(c)
+        self.observed: list[tuple[np.ndarray, np.ndarray]] = []
+        self.lives: list[np.ndarray] = []
+
+    def choose(self, live: np.ndarray) -> int:
+        self.lives.append(live.copy())
+        return super().choose(live)
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        self.observed.append((runtimes.copy(), censored.copy()))
+
+
+def engine_config(**overrides) -> EngineConfig:
+    values = dict(
+        workers=4,
+        iterations=16,
+        run_id="engine-test",
+        source="train",
+        batch_size=16,
+        micro_batches=4,
+        record_batch=5,
+        timeout_s=20.0,
+        hosts=("h0", "h1", "h2", "h3"),
+    )
+    return EngineConfig(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def slow_worker_run(tmp_path_factory):
+    """static:3 of 4 workers; worker 1's injected delay is 0.5 s, the others' 5 ms."""
+    tmp = tmp_path_factory.mktemp("slow")
+    replay = write_replay_trace(tmp / "replay", [[FAST_S, SLOW_S, FAST_S, FAST_S]] * 4)
+    cfg = engine_config(stragglers=f"replay:{replay}")
+    policy = RecordingStatic(3)
+    result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None)
+    rows = TraceStore(tmp / "traces").read()
+    return cfg, policy, result, rows
+
+
+def test_every_iteration_applies_exactly_c_gradients(slow_worker_run):
+    cfg, _, result, _ = slow_worker_run
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert result.log["c"] == [3] * cfg.iterations
+    assert max(result.log["iteration_s"]) < SLOW_S / 2  # nobody waited for the slow worker
+    assert not result.interrupted and not result.dead_workers
+
+
+def test_slow_worker_is_cut_off_and_censored_in_the_traces(slow_worker_run):
+    cfg, _, _, rows = slow_worker_run
+    assert rows.height == cfg.iterations * cfg.workers
+    slow = rows.filter(pl.col("worker") == 1)
+    assert slow["censored"].all()
+    assert slow["runtime_s"].max() < SLOW_S / 2  # its delay ended early: the cut works
+    assert slow["injected_delay_s"].to_list() == pytest.approx([SLOW_S] * cfg.iterations)
+    others = rows.filter(pl.col("worker") != 1)
+    assert not others["censored"].any()
+    assert (others["runtime_s"] >= FAST_S).all()
+    assert rows["cutoff"].to_list() == [3] * rows.height
+
+
+def test_censored_run_time_is_at_least_the_admitted_ones(slow_worker_run):
+    _, _, _, rows = slow_worker_run
+    per_iteration = rows.group_by("iteration").agg(
+        pl.col("runtime_s").filter(~pl.col("censored")).max().alias("admitted_max"),
+        pl.col("runtime_s").filter(pl.col("censored")).min().alias("censored_min"),
+    )
+    # cut after the c-th arrival; the slow worker's clock started at most a send earlier/later
+    late = per_iteration.filter(pl.col("censored_min") < 0.5 * pl.col("admitted_max"))
+    assert late.height == 0, late
+
+
+def test_policy_sees_the_dropped_worker_censored_at_the_cut(slow_worker_run):
+    cfg, policy, _, _ = slow_worker_run
+    assert len(policy.observed) == cfg.iterations
+    for runtimes, censored in policy.observed:
+        assert censored.tolist() == [False, True, False, False]
+        assert runtimes[1] == pytest.approx(runtimes[~censored].max())
+
+
+@pytest.mark.parametrize(
+    ("scaling", "factor"), [("linear", 0.5), ("sqrt", math.sqrt(0.5)), ("none", 1.0)]
+)
+def test_apply_scales_the_learning_rate_with_c(scaling, factor):
+    cfg = engine_config(lr_scaling=scaling, lr=0.1)
+    workload = load_workload("mlp")
+    server = Server(cfg, None, workload, StaticCutoff(2), None, alive=lambda w: True)
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    n_params = sum(p.numel() for p in before)
+    lr = server.apply(torch.ones(n_params) * 2, 2)
+    assert lr == pytest.approx(0.1 * factor)
+    after = list(workload.model.parameters())
+    # first SGD step with momentum: p -= lr * mean gradient (= 2 / 2)
+    assert torch.allclose(before[0] - after[0].detach(), torch.full_like(before[0], lr))
+
+
+def kill_worker_at(iteration: int, name: str):
+    def on_iteration(t: int, row: dict) -> None:
+        if t == iteration:
+            victim = [p for p in multiprocessing.active_children() if p.name == name]
+            victim[0].kill()
+            victim[0].join(5)
+
+    return on_iteration
+
+
+@pytest.fixture(scope="module")
+def killed_worker_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("killed")
+    cfg = engine_config(iterations=20, stragglers="none")
+    policy = RecordingStatic(4)
+    result = run_engine(cfg, policy, tmp / "traces", kill_worker_at(8, "bdsgd-worker-1"))
+    return cfg, policy, result, TraceStore(tmp / "traces").read()
+
+
+def test_run_survives_a_killed_worker(killed_worker_run):
+    cfg, _, result, _ = killed_worker_run
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert list(result.dead_workers) == [1]
+    assert 8 <= result.dead_workers[1] <= 10
+    assert not result.interrupted
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+
+
+def test_c_never_exceeds_the_live_workers(killed_worker_run):
+    _, policy, result, _ = killed_worker_run
+    for c, workers in zip(result.log["c"], result.log["workers"], strict=True):
+        assert 1 <= c <= workers
+    assert result.log["workers"][-1] == 3
+    assert result.log["c"][-1] == 3
+    assert policy.lives[-1].tolist() == [True, False, True, True]
+
+
+def test_dead_worker_rows_stop_when_it_died(killed_worker_run):
+    cfg, policy, result, rows = killed_worker_run
+    dead = rows.filter(pl.col("worker") == 1).sort("iteration")
+    died = result.dead_workers[1]
+    assert dead["iteration"].max() <= died
+    assert dead.filter(pl.col("iteration") > 8)["censored"].all()
+    assert dead.filter(pl.col("iteration") > 8).height <= 1
+    live = rows.filter(pl.col("worker") != 1)
+    assert live.height == 3 * cfg.iterations
+    # after the death the policy sees the dead worker censored
+    for _, censored in policy.observed[died + 1 :]:
+        assert censored[1]
