@@ -62,8 +62,9 @@ class KBatchSync(_FixedK):
 
 
 class AdaSync(Policy):
-    """``adasync``: K = min(live, k0 * 2 ** (applied // period)), where ``applied`` counts the
-    gradients applied so far (the uncensored entries :meth:`observe` has seen)."""
+    """``adasync``: K = min(live, k0 * 2 ** (applied // period)). ``applied`` counts the gradients
+    of the updates it was asked for (each :meth:`choose` starts one update of K gradients), so
+    warm-up observations do not move the schedule."""
 
     mode = "k-async"
 
@@ -80,7 +81,9 @@ class AdaSync(Policy):
         return self.k0 * 2 ** min(self.applied // self.period, 62)
 
     def choose(self, live: np.ndarray) -> int:
-        return max(min(self.current_k(), int(live.sum())), 1)
+        k = max(min(self.current_k(), int(live.sum())), 1)
+        self.applied += k
+        return k
 
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
-        self.applied += int(np.count_nonzero(~np.asarray(censored, dtype=bool)))
+        """The schedule depends only on the updates chosen."""
