@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from bdsgd_cli.main import cli
+from stages.fit import FitConfig, run_fit
 from stages.store import TraceStore
 
 
@@ -122,3 +124,53 @@ def test_missing_traces_and_missing_checkpoint_are_one_line_errors(tmp_path):
         cli, ["simulate", "--traces", str(tmp_path / "traces"), "--policies", "bdsgd"]
     )
     assert "--checkpoint" in one_line_error(result)
+
+
+@pytest.mark.slow
+def test_bdsgd_end_to_end_with_a_fitted_checkpoint(tmp_path):
+    traces, ckpt = tmp_path / "traces", tmp_path / "m.pt"
+    write_run(traces, "profile-1", straggling(120, 6))
+    fit = FitConfig(
+        traces=traces,
+        checkpoint=ckpt,
+        steps=10,
+        window=16,
+        batch=4,
+        eval_samples=16,
+        progress=False,
+    )
+    run_fit(fit)
+    replayed = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "--traces",
+            str(traces),
+            "--checkpoint",
+            str(ckpt),
+            "--from-frac",
+            "0.5",
+            "--policies",
+            "bdsgd,full",
+            "--json",
+        ],
+    )
+    assert replayed.exit_code == 0, replayed.output
+    bdsgd = json.loads(replayed.stdout.strip().splitlines()[-1])["policies"]["bdsgd"]
+    assert bdsgd["mean_c"] <= 6 and bdsgd["decision_ms"] > 0
+    sampled = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "--sample",
+            "30",
+            "--checkpoint",
+            str(ckpt),
+            "--policies",
+            "bdsgd,static:5",
+            "--json",
+        ],
+    )
+    assert sampled.exit_code == 0, sampled.output
+    payload = json.loads(sampled.stdout.strip().splitlines()[-1])
+    assert payload["workers"] == 6 and payload["iterations"] == 30
