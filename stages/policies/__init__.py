@@ -1,5 +1,9 @@
-"""Cutoff policies: one interface, used unchanged by ``bdsgd simulate`` and ``bdsgd train``."""
+"""Cutoff policies: one interface, used unchanged by ``bdsgd simulate`` and ``bdsgd train``.
+
+``make_policy(spec, num_workers, ...)`` builds one from its spec (``stages.policies.registry``).
+"""
 
 from stages.policies.base import Policy, Predictor
+from stages.policies.registry import SPECS, default_policy_specs, make_policy
 
-__all__ = ["Policy", "Predictor"]
+__all__ = ["SPECS", "Policy", "Predictor", "default_policy_specs", "make_policy"]
