@@ -51,7 +51,7 @@ class Normaliser:
         scale = float(np.std(logs)) if logs.size > 1 else 1.0
         return Normaliser(loc, max(scale, 1e-3))
 
-    def forward(self, runtimes: np.ndarray | torch.Tensor):
+    def normalise(self, runtimes: np.ndarray) -> np.ndarray:
         return (np.log(runtimes) - self.loc) / self.scale
 
 
@@ -119,10 +119,12 @@ def run_history(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """History features before each iteration: e (T, N), sd (T, N), f (T, N, 3)."""
     hist = HistoryFilter(groups)
-    es, sds, fs = [], [], []
+    es: list[torch.Tensor] = []
+    sds: list[torch.Tensor] = []
+    fs: list[torch.Tensor] = []
     for t in range(y.shape[0]):
-        e, sd, f = hist.features()
-        es.append(e), sds.append(sd), fs.append(f)
+        for out, value in zip((es, sds, fs), hist.features(), strict=True):
+            out.append(value)
         hist.update(y[t], censored[t], present[t])
     return torch.stack(es), torch.stack(sds), torch.stack(fs)
 
@@ -133,7 +135,7 @@ def to_tensors(
     """Normalise a run (missing entries: y = 0, present = False) and compute its features."""
     present = torch.as_tensor(run.present & np.isfinite(run.runtimes))
     raw = np.where(present.numpy(), run.runtimes, 1.0)
-    y = torch.as_tensor(norm.forward(raw), dtype=torch.float32) * present
+    y = torch.as_tensor(norm.normalise(raw), dtype=torch.float32) * present
     censored = torch.as_tensor(run.censored) & present
     e, sd, f = run_history(y, censored, present, host_groups(run.hosts))
     return RunTensors(y, censored, present, e, sd, f, worker_idx, host_idx)

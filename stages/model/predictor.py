@@ -18,7 +18,7 @@ import torch
 from stages.errors import ConfigError
 from stages.model.checkpoint import Checkpoint, load_checkpoint
 from stages.model.data import HistoryFilter, Normaliser, host_groups
-from stages.model.runtime_model import RuntimeModel, censored_normal_log_lik
+from stages.model.runtime_model import RuntimeModel
 
 DEFAULT_PARTICLES = 64
 
@@ -38,6 +38,7 @@ class RuntimePredictor:
     ):
         self.model = model.eval()
         self.norm = norm
+        self.hosts = tuple(hosts)
         self.num_workers = len(hosts)
         self.gen = torch.Generator().manual_seed(seed if seed is not None else 0)
         self.hist = HistoryFilter(host_groups(hosts))
@@ -87,7 +88,7 @@ class RuntimePredictor:
     def sample(self, num_samples: int) -> torch.Tensor:
         """(S, N) joint samples of the next iteration's run-times, seconds (float32)."""
         loc, scale = self._next_y_params(num_samples)
-        y = torch.randn(loc.shape, generator=self.gen).mul_(scale).add_(loc)
+        y = self.model.emitter.sample(loc, scale, self.params, self.gen)
         return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
 
     @torch.inference_mode()
@@ -100,7 +101,7 @@ class RuntimePredictor:
         with log p(x) = log p(y) - log s - log x for uncensored entries (the Jacobian)."""
         y, cens, present = self._normalise(runtimes, censored)
         loc, scale = self._next_y_params(num_samples)
-        ll = (censored_normal_log_lik(y, cens, loc, scale) * present).sum(-1)
+        ll = (self.model.emitter.log_lik(y, cens, loc, scale, self.params) * present).sum(-1)
         joint = float(torch.logsumexp(ll.double(), 0)) - math.log(num_samples)
         exact = present & ~cens
         log_x = y * self.norm.scale + self.norm.loc

@@ -7,17 +7,20 @@ t; ``e, sd, f`` are its history features from ``y_{<t}`` (see :mod:`stages.model
 Generative model (one window of L iterations, N workers)::
 
     z_t | z_{t-1} ~ N(mu(z_{t-1}), diag sigma(z_{t-1})^2)              GatedTransition
-    y_{t,w} | z_t ~ N(loc_{t,w}, scale_{t,w}^2), independent given z_t   Emitter
+    y_{t,w} | z_t ~ (1 - pi_w) N(loc, scale^2) + pi_w N(loc + d_w, (k_w scale)^2),
+                    independent over workers given z_t                      Emitter
         loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
         scale = sd_{t,w} * softplus(c_w + h_w . f_{t,w} + phi(z_t) . C_w)
-        (a, g, B, c, h, C)_w = MLP(worker_emb[w] + host_emb[host(w)])    WorkerHead
+        (a, g, B, c, h, C, pi, d, k)_w = MLP(worker_emb[w] + host_emb[host(w)])   WorkerHead
 
-So ``x = exp(m + s y)`` is log-normal given ``z_t``; sharing ``z_t`` (and host embeddings) makes
-the workers' run-times jointly dependent. The emission is linear in ``phi(z)`` and nonlinear in
+So ``x = exp(m + s y)`` is log-normal given ``z_t``, plus a rare slower, wider log-normal
+component (heavy-tailed spikes: d_w > 0, k_w > 1, pi_w starts near 2%) that keeps the bulk sharp.
+Sharing ``z_t`` (and host embeddings) makes the workers' run-times jointly dependent. The emission is linear in ``phi(z)`` and nonlinear in
 the embeddings, so the per-worker MLP runs once per worker set and sampling is one matmul.
 
-Censoring: an entry known only as ``y >= u`` contributes ``log P(y >= u) = log Phi((loc - u) /
-scale)``; a missing entry (present = False) contributes nothing.
+Censoring: an entry known only as ``y >= u`` contributes ``log P(y >= u)``, for each component
+``log Phi((loc - u) / scale)``, mixed by log-sum-exp; a missing entry (present = False)
+contributes nothing.
 
 Guide (filtering, past only)::
 
@@ -101,7 +104,8 @@ class Combiner(nn.Module):
 @dataclass(frozen=True)
 class WorkerParams:
     """Per-worker emission parameters, computed once per worker set: a, c (N,); g, h (N, F);
-    B, C (N, phi_dim); emb (N, emb_dim) for the encoder."""
+    B, C (N, phi_dim); the tail component's log pi, log(1 - pi), shift d and widening k (N,);
+    emb (N, emb_dim) for the encoder."""
 
     a: torch.Tensor
     g: torch.Tensor
@@ -109,11 +113,16 @@ class WorkerParams:
     c: torch.Tensor
     h: torch.Tensor
     C: torch.Tensor
+    log_pi: torch.Tensor
+    log_1m_pi: torch.Tensor
+    shift: torch.Tensor
+    widen: torch.Tensor
     emb: torch.Tensor
 
 
 class WorkerHead(nn.Module):
-    """(a, g, B, c, h, C)_w = MLP(worker_emb[w] + host_emb[host(w)]); index 0 = unknown."""
+    """(a, g, B, c, h, C, pi, d, k)_w = MLP(worker_emb[w] + host_emb[host(w)]); index 0 is the
+    unknown worker/host. At initialisation pi ~ 0.018, d = 1, k = 2."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -121,7 +130,7 @@ class WorkerHead(nn.Module):
         self.host_emb = nn.Embedding(cfg.num_hosts + 1, cfg.emb_dim)
         nn.init.normal_(self.worker_emb.weight, std=0.1)
         nn.init.normal_(self.host_emb.weight, std=0.1)
-        self.sizes = [1, NUM_FEATURES, cfg.phi_dim, 1, NUM_FEATURES, cfg.phi_dim]
+        self.sizes = [1, NUM_FEATURES, cfg.phi_dim, 1, NUM_FEATURES, cfg.phi_dim, 3]
         self.mlp = nn.Sequential(
             nn.Linear(cfg.emb_dim, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, sum(self.sizes))
         )
@@ -130,12 +139,26 @@ class WorkerHead(nn.Module):
 
     def forward(self, worker_idx: torch.Tensor, host_idx: torch.Tensor) -> WorkerParams:
         emb = self.worker_emb(worker_idx) + self.host_emb(host_idx)
-        a, g, B, c, h, C = self.mlp(emb).split(self.sizes, dim=-1)
-        return WorkerParams(a[..., 0], g, B, c[..., 0], h, C, emb)
+        a, g, B, c, h, C, tail = self.mlp(emb).split(self.sizes, dim=-1)
+        logit = tail[..., 0] - 4.0
+        return WorkerParams(
+            a=a[..., 0],
+            g=g,
+            B=B,
+            c=c[..., 0],
+            h=h,
+            C=C,
+            log_pi=F.logsigmoid(logit),
+            log_1m_pi=F.logsigmoid(-logit),
+            shift=F.softplus(tail[..., 1] + SOFTPLUS_ONE),
+            widen=1.0 + F.softplus(tail[..., 2] + SOFTPLUS_ONE),
+            emb=emb,
+        )
 
 
 class Emitter(nn.Module):
-    """p(y_t | z_t): independent normals per worker given z_t (see the module docstring)."""
+    """p(y_t | z_t): independent two-component normal mixtures per worker given z_t (see the
+    module docstring)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -154,6 +177,21 @@ class Emitter(nn.Module):
         loc = loc0 + phi @ params.B.T
         scale = sd * F.softplus(pre0 + phi @ params.C.T) + 1e-3
         return loc, scale
+
+    @staticmethod
+    def log_lik(y, censored, loc, scale, params: WorkerParams) -> torch.Tensor:
+        """Per-entry mixture log-likelihood (log density, or log survival where censored)."""
+        bulk = censored_normal_log_lik(y, censored, loc, scale)
+        tail = censored_normal_log_lik(y, censored, loc + params.shift, scale * params.widen)
+        return torch.logaddexp(bulk + params.log_1m_pi, tail + params.log_pi)
+
+    @staticmethod
+    def sample(loc, scale, params: WorkerParams, gen: torch.Generator | None = None):
+        """Draws of y with the shapes of ``loc``: the tail component with probability pi."""
+        is_tail = torch.rand(loc.shape, generator=gen).log_() < params.log_pi
+        noise = torch.randn(loc.shape, generator=gen)
+        widen = torch.where(is_tail, params.widen, 1.0)
+        return loc + is_tail * params.shift + noise.mul_(scale).mul_(widen)
 
 
 def censored_normal_log_lik(
@@ -206,7 +244,7 @@ class RuntimeModel(nn.Module):
         """sum over present entries of log p(y_{t,w} | z_t): z (B, L, K) -> (B,)."""
         loc0, pre0 = self.emitter.base(params, data.ewma, data.feats)
         loc, scale = self.emitter(z, params, loc0, pre0, data.sd)
-        ll = censored_normal_log_lik(data.y, data.censored, loc, scale)
+        ll = self.emitter.log_lik(data.y, data.censored, loc, scale, params)
         return (ll * data.present).sum((-1, -2))
 
     def model(self, data: RunTensors) -> None:

@@ -62,9 +62,31 @@ def test_uncensored_entry_is_the_log_normal_density_after_the_jacobian():
     norm = Normaliser(loc=math.log(0.05), scale=0.4)
     x = np.array([0.03, 0.05, 0.2])
     cens = np.array([False, False, True])
-    y = torch.as_tensor(norm.forward(x), dtype=torch.float64)
+    y = torch.as_tensor(norm.normalise(x), dtype=torch.float64)
     loc, scale = torch.tensor(0.2, dtype=torch.float64), torch.tensor(0.8, dtype=torch.float64)
     ll = censored_normal_log_lik(y, torch.as_tensor(cens), loc, scale).numpy()
     ll = ll - np.where(cens, 0.0, np.log(x) + math.log(norm.scale))
     mu, sigma = norm.loc + norm.scale * 0.2, norm.scale * 0.8
     np.testing.assert_allclose(ll, lognormal_logpdf_or_logsf(x, cens, mu, sigma), rtol=1e-9)
+
+
+def test_mixture_emission_mixes_densities_and_survivals_analytically():
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=2, num_hosts=1, z_dim=4, hidden=16))
+    params = model.head(torch.tensor([1, 2]), torch.tensor([1, 1]))
+    y, loc, scale = torch.tensor([0.4, 2.5]), torch.tensor([0.1, 0.2]), torch.tensor([0.5, 0.6])
+    pi, shift, widen = params.log_pi.exp(), params.shift, params.widen
+
+    def normal(v, m, s, censored):
+        if censored:
+            return 0.5 * torch.erfc((v - m) / (s * math.sqrt(2)))
+        return torch.exp(-0.5 * ((v - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
+
+    for censored in (False, True):
+        cens = torch.full((2,), censored)
+        got = model.emitter.log_lik(y, cens, loc, scale, params)
+        mix = (1 - pi) * normal(y, loc, scale, censored) + pi * normal(
+            y, loc + shift, scale * widen, censored
+        )
+        torch.testing.assert_close(got, mix.log(), rtol=1e-5, atol=1e-5)
+    assert torch.all(shift > 0) and torch.all(widen > 1) and torch.all(pi < 0.05)
