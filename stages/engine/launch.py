@@ -61,8 +61,8 @@ def run_engine(
         stop_workers(store, procs, server.current)
         server.collect_records(upto=server.current, final=True)
         writer.close()
-        if run_dir is not None and server.current >= 0:
-            save_state(run_dir, server.state(server.current + 1))
+        if run_dir is not None and server.next_iteration > start:
+            save_state(run_dir, server.state(server.next_iteration))
     return EngineResult(
         server.log.rows,
         server.dead_at,
@@ -126,9 +126,18 @@ def _with_checkpoints(server: Server, on_iteration, run_dir: Path | None):
     def callback(t: int, row: dict) -> None:
         on_iteration(t, row)
         if run_dir is not None and (t + 1) % server.cfg.record_batch == 0:
+            server.flush_through(t)
+            wait_written(server.writer, server.rows_added, server.cfg.timeout_s)
             save_state(run_dir, server.state(t + 1))
 
     return callback
+
+
+def wait_written(writer: TraceWriter, rows: int, timeout_s: float) -> None:
+    """Wait (bounded) until the writer has put ``rows`` rows on disk."""
+    deadline = time.monotonic() + timeout_s
+    while writer.rows_written < rows and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def save_state(run_dir: Path, state: dict) -> None:

@@ -83,7 +83,9 @@ class Server:
         self.log = IterationLog()
         self.sent: dict[int, np.ndarray] = {}  # iteration -> workers sent parameters
         self.next_batch = 0
-        self.current = -1
+        self.current = -1  # the iteration under way (or last begun)
+        self.next_iteration = 0  # the first iteration not completed
+        self.rows_added = 0  # trace rows handed to the writer
         self.facts: dict[int, dict] = {}
         self.overhead = 0.0
         self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
@@ -96,9 +98,12 @@ class Server:
     def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
         self.wait_ready()
         self.t0 = time.perf_counter() - self.wall_offset  # the clock starts with the workers
+        self.next_iteration = start
         for t in range(start, self.cfg.iterations):
             self.current = t
-            on_iteration(t, self.iteration(t))
+            row = self.iteration(t)
+            self.next_iteration = t + 1
+            on_iteration(t, row)
             self.collect_records(upto=t - max(2, self.cfg.record_batch // 2))
 
     def iteration(self, t: int) -> dict:
@@ -192,7 +197,8 @@ class Server:
     def measure_overhead(self, iteration_s: float, runtimes: np.ndarray) -> None:
         """The engine's fixed cost: iteration time beyond the c-th run-time, smoothed."""
         if runtimes.size:
-            self.overhead = 0.9 * self.overhead + 0.1 * max(iteration_s - runtimes.max(), 0.0)
+            beyond = max(iteration_s - float(runtimes.max()), 0.0)
+            self.overhead = 0.9 * self.overhead + 0.1 * beyond  # a plain float: state() saves it
         self.policy.overhead_s = (
             self.cfg.overhead_s if self.cfg.overhead_s is not None else self.overhead
         )
@@ -216,7 +222,8 @@ class Server:
             busy_s=float(sum(rt for _, rt, _ in admitted)),
         )
         predicted = self.policy.describe()
-        row.update({k: predicted.get(k) for k in ("pred_q10", "pred_q50", "pred_q90")})
+        for k in ("pred_q10", "pred_q50", "pred_q90"):  # plain floats: state() saves the log
+            row[k] = None if predicted.get(k) is None else float(predicted[k])
         self.log.add(**row)
         self.facts[t] = row
         return row
@@ -271,7 +278,35 @@ class Server:
         while self.next_batch <= last:
             if rows := self.batch_rows(self.next_batch):
                 self.writer.add(rows)
+                self.rows_added += len(rows["run_id"])
             self.next_batch += 1
+
+    def flush_through(self, t: int) -> None:
+        """Hand the writer the rows of every iteration up to t, waiting (bounded) for the
+        workers' records of t: a checkpoint must never claim iterations whose rows only lived in
+        the store (they would be lost with it)."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while not self.records_complete(t) and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.005)
+        self.collect_records(upto=t, final=True)
+        self.writer.flush()
+
+    def records_complete(self, t: int) -> bool:
+        """Whether every live worker that was sent iteration t has recorded it."""
+        sent = self.sent.get(t)
+        if sent is None:
+            return True
+        key_of = {
+            int(w): P.record_key(int(w), t // self.cfg.record_batch) for w in range(len(sent))
+        }
+        for w in np.flatnonzero(sent & self.live):
+            key = key_of[int(w)]
+            if not self.store.check([key]):
+                return False
+            if all(r.iteration != t for r in P.Record.decode_all(self.store.get(key))):
+                return False
+        return True
 
     def batch_rows(self, batch: int) -> dict[str, list]:
         """Rows of one record batch. A worker that was sent an iteration but never reported it
@@ -280,7 +315,8 @@ class Server:
         records = self.read_records(batch)
         rows: dict[str, list] = {}
         for t in range(batch * b, (batch + 1) * b):
-            if t not in self.sent:
+            if t not in self.sent or t not in self.facts:
+                self.sent.pop(t, None)  # not begun, or cut short by Ctrl-C: no rows
                 continue
             facts = self.facts.pop(t)
             sent = self.sent.pop(t)

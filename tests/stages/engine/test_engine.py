@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 import torch
 
-from stages.engine.launch import run_engine
+from stages.engine.launch import STATE_FILE, run_engine
 from stages.engine.server import EngineConfig, Server
 from stages.policies.cutoff import StaticCutoff
 from stages.store import TraceStore
@@ -59,13 +59,13 @@ def slow_worker_run(tmp_path_factory):
     replay = write_replay_trace(tmp / "replay", [[FAST_S, SLOW_S, FAST_S, FAST_S]] * 4)
     cfg = engine_config(stragglers=f"replay:{replay}")
     policy = RecordingStatic(3)
-    result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None)
+    result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None, run_dir=tmp / "run")
     rows = TraceStore(tmp / "traces").read()
-    return cfg, policy, result, rows
+    return cfg, policy, result, rows, tmp / "run"
 
 
 def test_every_iteration_applies_exactly_c_gradients(slow_worker_run):
-    cfg, _, result, _ = slow_worker_run
+    cfg, _, result, _, _ = slow_worker_run
     assert result.log["iteration"] == list(range(cfg.iterations))
     assert result.log["c"] == [3] * cfg.iterations
     assert max(result.log["iteration_s"]) < SLOW_S / 2  # nobody waited for the slow worker
@@ -73,7 +73,7 @@ def test_every_iteration_applies_exactly_c_gradients(slow_worker_run):
 
 
 def test_slow_worker_is_cut_off_and_censored_in_the_traces(slow_worker_run):
-    cfg, _, _, rows = slow_worker_run
+    cfg, _, _, rows, _ = slow_worker_run
     assert rows.height == cfg.iterations * cfg.workers
     slow = rows.filter(pl.col("worker") == 1)
     assert slow["censored"].all()
@@ -86,7 +86,7 @@ def test_slow_worker_is_cut_off_and_censored_in_the_traces(slow_worker_run):
 
 
 def test_censored_run_time_is_at_least_the_admitted_ones(slow_worker_run):
-    _, _, _, rows = slow_worker_run
+    _, _, _, rows, _ = slow_worker_run
     per_iteration = rows.group_by("iteration").agg(
         pl.col("runtime_s").filter(~pl.col("censored")).max().alias("admitted_max"),
         pl.col("runtime_s").filter(pl.col("censored")).min().alias("censored_min"),
@@ -97,11 +97,19 @@ def test_censored_run_time_is_at_least_the_admitted_ones(slow_worker_run):
 
 
 def test_policy_sees_the_dropped_worker_censored_at_the_cut(slow_worker_run):
-    cfg, policy, _, _ = slow_worker_run
+    cfg, policy, _, _, _ = slow_worker_run
     assert len(policy.observed) == cfg.iterations
     for runtimes, censored in policy.observed:
         assert censored.tolist() == [False, True, False, False]
         assert runtimes[1] == pytest.approx(runtimes[~censored].max())
+
+
+def test_server_state_loads_with_weights_only(slow_worker_run):
+    cfg, _, result, _, run_dir = slow_worker_run
+    state = torch.load(run_dir / STATE_FILE, weights_only=True)  # never runs code
+    assert state["next_iteration"] == cfg.iterations
+    assert state["log"]["c"] == result.log["c"]
+    assert isinstance(state["overhead"], float)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,229 @@
+"""``bdsgd train`` end to end: exact-c admission with a slow worker, the JSON contract, errors,
+resume after the server is killed, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from stages.store import TraceStore
+from tests.cli.test_profile_cli import BDSGD, bdsgd
+from tests.stages.engine import write_replay_trace
+
+SPEC_KEYS = {
+    "policy",
+    "iterations",
+    "wall_s",
+    "throughput",
+    "mean_c",
+    "final_loss",
+    "time_to_loss",
+    "decision_ms_p50",
+    "decision_ms_p99",
+}
+SLOW_S, FAST_S = 0.5, 0.005
+
+
+@pytest.fixture(scope="module")
+def slow_worker_train(tmp_path_factory):
+    """static:3 of 4 workers, worker 2 replayed 100x slower than the others."""
+    tmp = tmp_path_factory.mktemp("train")
+    replay = write_replay_trace(tmp / "replay", [[FAST_S, FAST_S, SLOW_S, FAST_S]])
+    done = bdsgd(
+        "train", "--workers", "4", "--iterations", "20", "--policy", "static:3",
+        "--traces", str(tmp / "traces"), "--out", str(tmp / "run"),
+        "--stragglers", f"replay:{replay}", "--batch-size", "16",
+        "--target-loss", "10", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return tmp, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_json_has_exactly_the_spec_keys(slow_worker_train):
+    _, summary = slow_worker_train
+    assert set(summary) - {"run_id"} == SPEC_KEYS
+    assert summary["policy"] == "static:3"
+    assert summary["iterations"] == 20
+    assert summary["throughput"] > 0 and summary["wall_s"] > 0
+    assert summary["mean_c"] == 3.0
+    assert math.isfinite(summary["final_loss"])
+    assert isinstance(summary["time_to_loss"], float)  # a loss of 10 is reached at once
+    assert 0 <= summary["decision_ms_p50"] <= summary["decision_ms_p99"]
+
+
+def test_every_iteration_applies_three_gradients(slow_worker_train):
+    tmp, _ = slow_worker_train
+    its = pq.read_table(tmp / "run" / "iterations.parquet").to_pydict()
+    assert its["iteration"] == list(range(20))
+    assert its["c"] == [3] * 20
+    assert max(its["iteration_s"]) < SLOW_S / 2
+    assert its["lr"] == pytest.approx([0.05 * 3 / 4] * 20)  # linear scaling c / N
+
+
+def test_slow_worker_rows_are_censored_at_the_cut(slow_worker_train):
+    tmp, summary = slow_worker_train
+    rows = TraceStore(tmp / "traces").read()
+    assert rows["run_id"].unique().to_list() == [summary["run_id"]]
+    assert rows.height == 80
+    slow = rows.filter(pl.col("worker") == 2)
+    assert slow["censored"].all()
+    assert slow["runtime_s"].max() < SLOW_S / 2
+    assert not rows.filter(pl.col("worker") != 2)["censored"].any()
+    assert rows["cutoff"].to_list() == [3] * 80
+    assert rows["source"].unique().to_list() == ["train"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--policy", "async"), "asynchronous"),
+        (("--policy", "oracle"), "oracle"),
+        (("--policy", "static:2", "--no-out"), "--out"),
+    ],
+)
+def test_bad_train_input_is_one_line(tmp_path, args, needle):
+    base = ["train", "--workers", "2", "--iterations", "3", "--traces", str(tmp_path / "t")]
+    out = [] if "--no-out" in args else ["--out", str(tmp_path / "run")]
+    done = bdsgd(*base, *out, *(a for a in args if a != "--no-out"), timeout=60)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], done.stderr
+    assert not (tmp_path / "run" / "server_state.pt").exists()
+
+
+def test_resume_of_a_dir_without_state_is_one_line(tmp_path):
+    done = bdsgd("train", "--resume", str(tmp_path), "--json", timeout=60)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
+
+
+# -- killing and interrupting a running train -------------------------------------------------
+def children_of(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def leftovers() -> list[str]:
+    """Command lines of bdsgd processes still running (for failure messages)."""
+    out = []
+    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmd.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "multiprocessing" in text or "bdsgd" in text:
+            out.append(f"{cmd.parent.name}: {text[:120]}")
+    return out
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {leftovers()}"
+        time.sleep(0.05)
+
+
+def start_train(tmp: Path, iterations: int) -> subprocess.Popen:
+    replay = write_replay_trace(tmp / "replay", [[0.02, 0.01, 0.015]])
+    return subprocess.Popen(
+        [
+            BDSGD,
+            "train",
+            "--workers",
+            "3",
+            "--iterations",
+            str(iterations),
+            "--policy",
+            "static:2",
+            "--traces",
+            str(tmp / "traces"),
+            "--out",
+            str(tmp / "run"),
+            "--stragglers",
+            f"replay:{replay}",
+            "--batch-size",
+            "8",
+            "--micro-batches",
+            "2",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+def test_resume_after_the_server_is_killed(tmp_path):
+    proc = start_train(tmp_path, iterations=80)
+    try:
+        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        workers = [p for p in children_of(proc.pid) if running(p)]
+        assert len(workers) >= 3
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not any(map(running, workers)), 15, "workers to exit")
+    finally:
+        kill_session(proc)
+    done = bdsgd("train", "--resume", str(tmp_path / "run"), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["iterations"] == 80
+    rows = TraceStore(tmp_path / "traces").read()  # validates: no duplicate cells
+    assert rows["run_id"].unique().to_list() == [summary["run_id"]]
+    cells = set(zip(rows["iteration"], rows["worker"], strict=True))
+    assert cells == {(t, w) for t in range(80) for w in range(3)}  # nothing lost, nothing twice
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert its["iteration"] == list(range(80))
+
+
+def test_ctrl_c_keeps_what_was_written(tmp_path):
+    proc = start_train(tmp_path, iterations=400)
+    try:
+        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        workers = [p for p in children_of(proc.pid) if running(p)]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("error:")
+    assert "Traceback" not in stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert summary["interrupted"] and 25 <= summary["iterations"] < 400
+    assert its["iteration"] == list(range(summary["iterations"]))
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows["iteration"].max() == summary["iterations"] - 1
+    wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
