@@ -47,5 +47,5 @@ def profile(json_out: bool, traces: str, **kwargs) -> None:
     from stages.profile import ProfileConfig, run_profile
 
     result = run_profile(ProfileConfig(traces=Path(traces), **kwargs))
-    if json_out:
+    if json_out and result is not None:  # None: a torchrun worker rank
         emit_json({"run_id": result.run_id, "rows": result.rows, "traces": str(result.traces)})

@@ -94,7 +94,7 @@ def train(json_out: bool, resume: str | None, **kwargs) -> None:
 
     cfg = _config(resume, kwargs)
     summary = run_train(cfg, resume=resume is not None)
-    if json_out:
+    if json_out and summary is not None:  # None: a torchrun worker rank
         emit_json({k: summary[k] for k in SPEC_KEYS} | {"run_id": summary["run_id"]})
 
 

@@ -14,7 +14,7 @@ import polars as pl
 from rich.table import Table
 
 from stages.console import console, progress
-from stages.engine.launch import run_engine
+from stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
 from stages.engine.server import EngineConfig
 from stages.errors import ConfigError
 from stages.policies.registry import make_policy
@@ -73,9 +73,8 @@ def engine_hosts(stragglers: str, seed: int, time_scale: float, workers: int) ->
     return tuple(model.host_of(workers) or [socket.gethostname()] * workers)
 
 
-def run_profile(cfg: ProfileConfig) -> ProfileResult:
-    store = TraceStore(cfg.traces)
-    store.check_writable()
+def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
+    """Profile the cluster; under torchrun a worker rank only works and returns None."""
     run_id = new_run_id("profile")
     engine = EngineConfig(
         workers=cfg.workers,
@@ -92,6 +91,10 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         timeout_s=cfg.timeout_s,
         hosts=engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers),
     )
+    if (tr := Torchrun.from_env()) and tr.rank > 0:
+        return run_torchrun_worker(engine, tr)
+    store = TraceStore(cfg.traces)
+    store.check_writable()
     with progress() as bar:
         task = bar.add_task(f"profile {cfg.workers} workers", total=cfg.iterations, status="")
 

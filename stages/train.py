@@ -18,7 +18,13 @@ import torch
 
 from schemas.run_dir import iterations_table, write_atomic, write_run_dir
 from stages.console import console, progress
-from stages.engine.launch import STATE_FILE, EngineResult, run_engine
+from stages.engine.launch import (
+    STATE_FILE,
+    EngineResult,
+    Torchrun,
+    run_engine,
+    run_torchrun_worker,
+)
 from stages.engine.server import EngineConfig
 from stages.errors import CheckpointError, ConfigError
 from stages.policies.base import Policy
@@ -104,8 +110,11 @@ class TrainConfig:
         return cls(**{**values, **overrides})
 
 
-def run_train(cfg: TrainConfig, resume: bool = False) -> dict:
-    """Run (or, with ``resume``, continue) a training run; returns the summary."""
+def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
+    """Run (or, with ``resume``, continue) a training run; returns the summary (None on a
+    torchrun worker rank, which only works)."""
+    if (tr := Torchrun.from_env()) and tr.rank > 0:
+        return run_torchrun_worker(cfg.engine("worker"), tr)
     state = load_state(cfg.out) if resume else None
     run_id = state["run_id"] if state else new_run_id("train")
     TraceStore(cfg.traces).check_writable()

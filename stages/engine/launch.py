@@ -4,6 +4,7 @@ leaves no process behind (stop keys, bounded joins, then terminate and kill)."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import time
@@ -15,7 +16,8 @@ import torch
 
 from stages.engine import protocol as P
 from stages.engine.server import EngineConfig, Server
-from stages.engine.worker import WorkerSpec, worker_main
+from stages.engine.worker import WorkerSpec, default_bind_host, worker_main
+from stages.errors import ConfigError
 from stages.policies.base import Policy
 from stages.store import TraceStore, TraceWriter
 from stages.workloads import load_workload
@@ -43,13 +45,21 @@ def run_engine(
 ) -> EngineResult:
     """Run iterations ``[start, cfg.iterations)``; the server is this process."""
     P.quiet_c10d_logs()
+    torch.set_num_threads(1)  # the server shares the machine with its workers; decisions stay fast
     workload = load_workload(cfg.workload, seed=cfg.seed)
-    store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
+    tr = Torchrun.from_env()
+    if tr:
+        cfg = tr.server_config(cfg)
+        store = P.open_store(tr.addr, tr.port, not tr.agent_store, cfg.timeout_s)
+    else:
+        store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
     start = int(resume["next_iteration"]) if resume else 0
     store.set("start_iteration", str(start))
+    store.set("t0", repr(time.time()))
     writer = TraceWriter(TraceStore(traces), batch_rows=cfg.record_batch * cfg.workers)
-    procs = spawn_workers(cfg, store.port, start)
-    server = Server(cfg, store, workload, policy, writer, alive=lambda w: procs[w].is_alive())
+    procs = [] if tr else spawn_workers(cfg, store.port)
+    alive = (lambda w: True) if tr else (lambda w: procs[w].is_alive())  # torchrun: timeouts tell
+    server = Server(cfg, store, workload, policy, writer, alive=alive)
     if resume:
         server.load_state(resume)
     interrupted = False
@@ -58,7 +68,7 @@ def run_engine(
     except KeyboardInterrupt:
         interrupted = True  # the caller writes what it has, then reports the interrupt
     finally:
-        stop_workers(store, procs, server.current)
+        stop_workers(store, procs, max(server.current, start))  # also when stopped during start-up
         server.collect_records(upto=server.current, final=True)
         writer.close()
         if run_dir is not None and server.next_iteration > start:
@@ -73,31 +83,80 @@ def run_engine(
     )
 
 
-def spawn_workers(cfg: EngineConfig, port: int, start: int) -> list[mp.Process]:
+def worker_spec(
+    cfg: EngineConfig, worker_id: int, store_host: str, port: int, bind: str
+) -> WorkerSpec:
+    return WorkerSpec(
+        worker_id=worker_id,
+        num_workers=cfg.workers,
+        store_host=store_host,
+        store_port=port,
+        bind_host=bind,
+        workload=cfg.workload,
+        batch_size=cfg.batch_size,
+        micro_batches=cfg.micro_batches,
+        stragglers=cfg.stragglers,
+        time_scale=cfg.time_scale,
+        seed=cfg.seed,
+        iterations=cfg.iterations,
+        record_batch=cfg.record_batch,
+        timeout_s=cfg.timeout_s,
+    )
+
+
+def spawn_workers(cfg: EngineConfig, port: int) -> list[mp.Process]:
     ctx = mp.get_context("spawn")
     procs = []
     for w in range(cfg.workers):
-        spec = WorkerSpec(
-            worker_id=w + 1,
-            num_workers=cfg.workers,
-            store_host=cfg.host,
-            store_port=port,
-            bind_host=cfg.host,
-            workload=cfg.workload,
-            batch_size=cfg.batch_size,
-            micro_batches=cfg.micro_batches,
-            stragglers=cfg.stragglers,
-            time_scale=cfg.time_scale,
-            seed=cfg.seed,
-            iterations=cfg.iterations,
-            record_batch=cfg.record_batch,
-            t0_epoch=time.time(),
-            timeout_s=cfg.timeout_s,
-        )
+        spec = worker_spec(cfg, w + 1, cfg.host, port, cfg.host)
         proc = ctx.Process(target=worker_main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
         proc.start()
         procs.append(proc)
     return procs
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """This process's place in a ``torchrun`` launch: global rank 0 is the parameter server, every
+    other rank a worker; the control store is torchrun's own (MASTER_ADDR:MASTER_PORT)."""
+
+    rank: int
+    world_size: int
+    addr: str
+    port: int
+    agent_store: bool
+
+    @staticmethod
+    def from_env() -> Torchrun | None:
+        env = os.environ
+        if not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+            return None
+        return Torchrun(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        )
+
+    def check(self, workers: int) -> None:
+        if workers != self.world_size - 1:
+            raise ConfigError(
+                f"under torchrun --workers must be the world size minus one (rank 0 is the "
+                f"server): {self.world_size - 1}, got {workers}"
+            )
+
+    def server_config(self, cfg: EngineConfig) -> EngineConfig:
+        """Other machines must reach the server's gloo socket: loopback becomes this host."""
+        self.check(cfg.workers)
+        host = default_bind_host() if cfg.host == "127.0.0.1" else cfg.host
+        return dataclasses.replace(cfg, host=host)
+
+
+def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
+    """Body of a worker rank under torchrun."""
+    tr.check(cfg.workers)
+    worker_main(worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
 
 
 def stop_workers(store, procs: list[mp.Process], current: int, grace_s: float = 10.0) -> None:

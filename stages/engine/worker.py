@@ -36,7 +36,6 @@ class WorkerSpec:
     seed: int
     iterations: int
     record_batch: int
-    t0_epoch: float
     timeout_s: float
 
 
@@ -51,6 +50,7 @@ class Worker:
         delays = parse_stragglers(spec.stragglers, spec.seed, spec.time_scale)
         self.delays = delays.delays(spec.iterations, spec.num_workers)[:, self.w]
         self.store = P.open_store(spec.store_host, spec.store_port, False, spec.timeout_s)
+        self.t0_epoch = float(self.store.get("t0").decode())  # the server's clock origin
         self.generation, self.group = -1, None
         self.params = torch.zeros(
             P.PARAM_HEADER + parameters_to_vector(self.model.parameters()).numel()
@@ -102,7 +102,7 @@ class Worker:
         censored = grad is None
         if grad is not None:
             self.submit(t, cutoff, grad, runtime, loss)
-        rec = P.Record(t, wall_start - self.spec.t0_epoch, runtime, censored, delay)
+        rec = P.Record(t, wall_start - self.t0_epoch, runtime, censored, delay)
         self.store.append(P.record_key(self.w, t // self.spec.record_batch), rec.encode())
         return t + 1
 

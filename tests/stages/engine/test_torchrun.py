@@ -1,0 +1,99 @@
+"""The engine under torchrun: rank 0 is the server, the other ranks are workers, and the control
+store is torchrun's. Tried on one machine as two "nodes" of two processes each."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stages.engine.launch import Torchrun
+from stages.errors import ConfigError
+from stages.store import TraceStore
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_from_env_reads_torchrun_variables(monkeypatch):
+    for k, v in dict(
+        RANK="2",
+        WORLD_SIZE="4",
+        MASTER_ADDR="10.0.0.1",
+        MASTER_PORT="29500",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    ).items():
+        monkeypatch.setenv(k, v)
+    tr = Torchrun.from_env()
+    assert tr == Torchrun(2, 4, "10.0.0.1", 29500, True)
+    with pytest.raises(ConfigError, match="world size minus one"):
+        tr.check(workers=4)
+
+
+def test_no_torchrun_without_its_variables(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert Torchrun.from_env() is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_train_under_torchrun_two_nodes(tmp_path):
+    port = _free_port()
+    cmd = [
+        str(TORCHRUN),
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "test",
+        "-m",
+        "bdsgd_cli",
+        "train",
+        "--workers",
+        "3",
+        "--iterations",
+        "20",
+        "--policy",
+        "static:2",
+        "--traces",
+        str(tmp_path / "traces"),
+        "--out",
+        str(tmp_path / "run"),
+        "--stragglers",
+        "synthetic:base_s=0.005",
+        "--timeout",
+        "30",
+        "--json",
+    ]
+    nodes = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outs = [n.communicate(timeout=120) for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    lines = [line for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # only the server rank prints the summary
+    summary = json.loads(lines[0])
+    assert summary["iterations"] == 20 and summary["mean_c"] == 2.0
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == 20 * 3
+    assert set(rows["world_size"].to_list()) == {3}
+    assert rows["censored"].sum() >= 1  # the third gradient of each iteration was cut off
