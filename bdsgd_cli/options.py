@@ -5,28 +5,37 @@ from __future__ import annotations
 import click
 
 traces = click.option(
-    "--traces", "traces", required=True, type=click.Path(file_okay=False),
+    "--traces",
+    "traces",
+    required=True,
+    type=click.Path(file_okay=False),
     help="Trace store directory (Parquet files, schema v1).",
 )
 seed = click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 json_out = click.option(
     "--json", "json_out", is_flag=True, help="Print a JSON summary as the last line of stdout."
 )
-workers = click.option(
-    "--workers", type=int, required=True, help="Number of worker processes N."
-)
+workers = click.option("--workers", type=int, required=True, help="Number of worker processes N.")
 iterations = click.option("--iterations", type=int, required=True, help="Iterations T to run.")
 stragglers = click.option(
-    "--stragglers", default="none", show_default=True,
+    "--stragglers",
+    default="none",
+    show_default=True,
     help="Injected stragglers: none, synthetic[:k=v,...], replay:PATH (see docs/stragglers.md).",
 )
 time_scale = click.option(
-    "--time-scale", type=float, default=1.0, show_default=True,
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
     help="Multiply injected delays by this factor (shrinks a replayed cluster's seconds).",
 )
 workload = click.option(
-    "--workload", default="mlp", show_default=True,
+    "--workload",
+    default="mlp",
+    show_default=True,
     help="Built-in workload (mlp, cnn) or module:function returning a Workload.",
 )
-batch_size = click.option("--batch-size", type=int, default=32, show_default=True,
-                          help="Mini-batch size per worker.")
+batch_size = click.option(
+    "--batch-size", type=int, default=32, show_default=True, help="Mini-batch size per worker."
+)
