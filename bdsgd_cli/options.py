@@ -39,3 +39,24 @@ workload = click.option(
 batch_size = click.option(
     "--batch-size", type=int, default=32, show_default=True, help="Mini-batch size per worker."
 )
+micro_batches = click.option(
+    "--micro-batches",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Micro-batches per mini-batch: where a cut-off computation can stop.",
+)
+host = click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the server binds to (loopback unless you name one).",
+)
+timeout = click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait on another process before declaring it dead.",
+)

@@ -19,27 +19,9 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.stragglers
 @options.time_scale
 @options.seed
-@click.option(
-    "--micro-batches",
-    type=int,
-    default=4,
-    show_default=True,
-    help="Micro-batches per mini-batch: where a cut-off computation can stop.",
-)
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address the server binds to (loopback unless you name one).",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait on another process before declaring it dead.",
-)
+@options.micro_batches
+@options.host
+@options.timeout
 @options.json_out
 @run_stage
 def profile(json_out: bool, traces: str, **kwargs) -> None:

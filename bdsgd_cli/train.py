@@ -35,13 +35,7 @@ SPEC_KEYS = (
 @options.time_scale
 @options.workload
 @options.batch_size
-@click.option(
-    "--micro-batches",
-    type=int,
-    default=4,
-    show_default=True,
-    help="Micro-batches per mini-batch: where a cut-off computation stops.",
-)
+@options.micro_batches
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate at c = N.")
 @click.option(
     "--lr-scaling",
@@ -71,20 +65,8 @@ SPEC_KEYS = (
     type=click.Path(file_okay=False, exists=True),
     help="Continue the killed run in this run directory.",
 )
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address the server binds to (loopback unless you name one).",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait on another process before declaring it dead.",
-)
+@options.host
+@options.timeout
 @options.json_out
 @run_stage
 def train(json_out: bool, resume: str | None, **kwargs) -> None:

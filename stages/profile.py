@@ -15,7 +15,7 @@ from rich.table import Table
 
 from stages.console import console, progress
 from stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
-from stages.engine.server import EngineConfig
+from stages.engine.server import engine_config
 from stages.errors import ConfigError
 from stages.policies.registry import make_policy
 from stages.store import TraceStore, new_run_id
@@ -76,21 +76,8 @@ def engine_hosts(stragglers: str, seed: int, time_scale: float, workers: int) ->
 def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     """Profile the cluster; under torchrun a worker rank only works and returns None."""
     run_id = new_run_id("profile")
-    engine = EngineConfig(
-        workers=cfg.workers,
-        iterations=cfg.iterations,
-        run_id=run_id,
-        source="profile",
-        workload=cfg.workload,
-        batch_size=cfg.batch_size,
-        micro_batches=cfg.micro_batches,
-        stragglers=cfg.stragglers,
-        time_scale=cfg.time_scale,
-        seed=cfg.seed,
-        host=cfg.host,
-        timeout_s=cfg.timeout_s,
-        hosts=engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers),
-    )
+    hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
+    engine = engine_config(cfg, run_id=run_id, source="profile", hosts=hosts)
     if (tr := Torchrun.from_env()) and tr.rank > 0:
         return run_torchrun_worker(engine, tr)
     store = TraceStore(cfg.traces)

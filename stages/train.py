@@ -25,7 +25,7 @@ from stages.engine.launch import (
     run_engine,
     run_torchrun_worker,
 )
-from stages.engine.server import EngineConfig
+from stages.engine.server import EngineConfig, engine_config
 from stages.errors import CheckpointError, ConfigError
 from stages.policies.base import Policy
 from stages.policies.registry import make_policy
@@ -93,10 +93,8 @@ class TrainConfig:
             raise ConfigError("--batch-size must be at least the number of micro-batches")
 
     def engine(self, run_id: str) -> EngineConfig:
-        fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        shared = {k: v for k, v in dataclasses.asdict(self).items() if k in fields}
         hosts = engine_hosts(self.stragglers, self.seed, self.time_scale, self.workers)
-        return EngineConfig(**shared, run_id=run_id, source="train", hosts=hosts)
+        return engine_config(self, run_id=run_id, source="train", hosts=hosts)
 
     def to_json(self) -> dict:
         return {

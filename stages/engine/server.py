@@ -3,6 +3,7 @@ choose c, send parameters, admit c gradients in ticket order, step, tell the pol
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -44,6 +45,14 @@ class EngineConfig:
     host: str = "127.0.0.1"
     hosts: tuple[str, ...] = ()  # trace host of each worker (emulated hosts, or the machine)
     overhead_s: float | None = None  # None: measure it and feed it to the policy
+
+
+def engine_config(stage_cfg, **values) -> EngineConfig:
+    """An EngineConfig from a stage config: fields of the same name are copied, ``values`` add
+    the rest (run_id, source, hosts)."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    shared = {k: getattr(stage_cfg, k) for k in names if hasattr(stage_cfg, k)}
+    return EngineConfig(**{**shared, **values})
 
 
 @dataclass
