@@ -22,7 +22,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.seed
 @click.option(
     "--init",
-    type=click.Path(dir_okay=False, exists=True),
+    type=click.Path(dir_okay=False),
     default=None,
     help="Continue from this earlier checkpoint.",
 )
@@ -72,7 +72,7 @@ def _print_table(result) -> None:
     if result.val_nll is None:
         console.print(f"fitted {result.steps} steps -> {result.checkpoint} (no held-out data)")
         return
-    table = Table(title=f"held-out one-step-ahead NLL, nats per run-time ({result.steps} steps)")
+    table = Table(title="held-out NLL (nats/run-time)")
     table.add_column("predictor")
     table.add_column("nll", justify="right")
     for name, nll in (("model", result.val_nll), *result.baseline_nll.items()):

@@ -15,8 +15,11 @@ Generative model (one window of L iterations, N workers)::
 
 So ``x = exp(m + s y)`` is log-normal given ``z_t``, plus a rare slower, wider log-normal
 component (heavy-tailed spikes: d_w > 0, k_w > 1, pi_w starts near 2%) that keeps the bulk sharp.
-Sharing ``z_t`` (and host embeddings) makes the workers' run-times jointly dependent. The emission is linear in ``phi(z)`` and nonlinear in
-the embeddings, so the per-worker MLP runs once per worker set and sampling is one matmul.
+Sharing ``z_t`` (and host embeddings) makes the workers' run-times jointly dependent. The
+emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the per-worker MLP runs once
+per worker set and sampling is one matmul. The history features give every worker the ``ewma``
+baseline as a starting point (``loc = e``, ``scale = sd`` when the learned terms are zero); the
+latent state and the host feature add what is shared across workers and regime changes.
 
 Censoring: an entry known only as ``y >= u`` contributes ``log P(y >= u)``, for each component
 ``log Phi((loc - u) / scale)``, mixed by log-sum-exp; a missing entry (present = False)
@@ -57,9 +60,13 @@ class ModelConfig:
     num_hosts: int
     """Known host names."""
     z_dim: int = 8
+    """Latent state size K."""
     hidden: int = 64
+    """Width of the MLPs and of the encoder's GRU."""
     emb_dim: int = 16
+    """Worker and host embedding size."""
     phi_dim: int = 16
+    """Size of phi(z), the latent features the emission is linear in."""
 
     def to_dict(self) -> dict:
         return asdict(self)

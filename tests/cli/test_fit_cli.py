@@ -59,6 +59,19 @@ def test_corrupt_init_checkpoint_is_a_one_line_error(tmp_path):
     assert result.stderr.strip().count("\n") == 0
 
 
+def test_missing_init_checkpoint_is_a_one_line_error(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    result = _invoke(
+        "--traces",
+        str(store.path),
+        "--checkpoint",
+        str(tmp_path / "m.pt"),
+        "--init",
+        str(tmp_path / "none.pt"),
+    )
+    assert result.exit_code != 0 and result.stderr.startswith("error: no checkpoint at")
+
+
 def test_bad_option_value_is_a_one_line_error(tmp_path):
     store = tiny_store(tmp_path / "traces")
     result = _invoke(

@@ -58,6 +58,16 @@ def test_fit_writes_a_checkpoint_with_its_summary(tmp_path):
     assert load_predictor(result.checkpoint).sample(4).shape == (4, 5)
 
 
+def test_unknown_workers_and_hosts_follow_their_own_observations(tmp_path):
+    _store(tmp_path / "traces")
+    result = run_fit(_config(tmp_path))
+    pred = load_predictor(result.checkpoint, workers=[0, 42], hosts=["host0", "new-host"], seed=0)
+    for _ in range(10):
+        pred.observe(np.array([0.02, 0.2]), np.zeros(2, dtype=bool))
+    median = pred.sample(256).median(0).values.numpy()
+    assert 0.01 < median[0] < 0.04 and 0.1 < median[1] < 0.4
+
+
 def test_same_seed_same_fit(tmp_path):
     _store(tmp_path / "traces")
     a = run_fit(_config(tmp_path, checkpoint=tmp_path / "a.pt", seed=3))
