@@ -48,7 +48,8 @@ class FitConfig:
     seed: int = 0
     """Seeds parameter initialisation, window sampling and evaluation."""
     init: Path | None = None
-    """Continue from this checkpoint (its normalisation and vocabulary, grown by new ids)."""
+    """Continue from this checkpoint: its weights, network sizes and normalisation; its
+    vocabulary grown by the new worker ids and hosts."""
     window: int = 48
     """Iterations per training window."""
     batch: int = 16

@@ -51,7 +51,7 @@ def test_empty_store_is_a_one_line_error(tmp_path):
 def test_corrupt_init_checkpoint_is_a_one_line_error(tmp_path):
     store = tiny_store(tmp_path / "traces")
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"\x80\x04garbage")
+    bad.write_bytes(b"\x80\x02garbage")
     result = _invoke(
         "--traces", str(store.path), "--checkpoint", str(tmp_path / "m.pt"), "--init", str(bad)
     )
