@@ -248,6 +248,11 @@ def summarize(cfg: TrainConfig, run_id: str, result: EngineResult) -> dict:
     )
     if result.dead_workers:
         console.print(f"[yellow]workers {sorted(result.dead_workers)} died and were excluded[/]")
+    console.print(
+        f"{summary['policy']}: {summary['throughput']:.1f} gradients/s, mean c "
+        f"{summary['mean_c']:.2f}, final loss {summary['final_loss']:.3f}, "
+        f"{summary['rows_appended']} rows appended to {cfg.traces}, run in {cfg.out}"
+    )
     return summary
 
 
