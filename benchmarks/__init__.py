@@ -1,4 +1,5 @@
-"""Benchmarks of bdsgd (``make bench``); see ``benchmarks/run.py``."""
+"""Opt-in benchmarks (``make bench``). Each ``bench_*.py`` exposes ``run(quick=False) -> str``
+returning one Markdown section; ``benchmarks.run`` assembles them into docs/benchmarks.md."""
 
 import os
 
