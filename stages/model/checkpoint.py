@@ -143,7 +143,11 @@ def _read_payload(path: Path) -> dict:
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
+    """The first informative line of an exception's message (torch's state-dict errors put a
+    heading first and the reason on the next line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
     return lines[0] if lines else type(exc).__name__
 
 
