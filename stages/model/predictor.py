@@ -57,7 +57,13 @@ class RuntimePredictor:
         self.loc0, self.pre0 = self.model.emitter.base(self.params, self.ewma, feats)
 
     def _normalise(self, runtimes, censored) -> tuple[torch.Tensor, ...]:
+        """(y, censored, present) tensors of one iteration's (N,) run-times and flags."""
         x = torch.as_tensor(np.asarray(runtimes, dtype=np.float64))
+        if x.shape != (self.num_workers,) or np.shape(censored) != (self.num_workers,):
+            raise ConfigError(
+                f"predictor for {self.num_workers} workers got run-times of shape "
+                f"{tuple(x.shape)} and censoring flags of shape {np.shape(censored)}"
+            )
         present = torch.isfinite(x) & (x > 0)
         y = ((torch.where(present, x, 1.0).log() - self.norm.loc) / self.norm.scale).float()
         cens = torch.as_tensor(np.asarray(censored, dtype=bool)) & present
@@ -86,7 +92,8 @@ class RuntimePredictor:
 
     @torch.inference_mode()
     def sample(self, num_samples: int) -> torch.Tensor:
-        """(S, N) joint samples of the next iteration's run-times, seconds (float32)."""
+        """(S, N) joint samples of the next iteration's run-times, seconds (float32). The result
+        is an inference tensor: read or copy it, do not modify it in place."""
         loc, scale = self._next_y_params(num_samples)
         y = self.model.emitter.sample(loc, scale, self.params, self.gen)
         return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()

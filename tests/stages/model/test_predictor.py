@@ -41,6 +41,12 @@ def test_unknown_workers_and_hosts_use_the_unknown_embedding(checkpoint_path):
         load_predictor(checkpoint_path, workers=[0, 1], hosts=["a"])
 
 
+def test_an_iteration_of_the_wrong_size_is_a_clear_error(checkpoint_path):
+    pred = load_predictor(checkpoint_path)
+    with pytest.raises(ConfigError, match="predictor for 3 workers"):
+        pred.observe(np.array([0.05, 0.06]), np.zeros(2, dtype=bool))
+
+
 def test_censored_and_missing_entries_are_accepted(checkpoint_path):
     pred = load_predictor(checkpoint_path)
     for _ in range(5):
