@@ -141,7 +141,9 @@ def parse_stragglers(spec: str, seed: int = 0, time_scale: float = 1.0) -> Scale
         if not arg:
             raise ConfigError("--stragglers replay:PATH needs a path")
         return Scaled(load_replay(arg), time_scale)
-    raise ConfigError(f"unknown --stragglers spec {spec!r} (none, synthetic[:k=v,...], replay:PATH)")
+    raise ConfigError(
+        f"unknown --stragglers spec {spec!r} (none, synthetic[:k=v,...], replay:PATH)"
+    )
 
 
 def _parse_params(arg: str) -> dict:
@@ -155,7 +157,9 @@ def _parse_params(arg: str) -> dict:
         try:
             params[key] = int(value) if fields[key] in ("int", int) else float(value)
         except ValueError:
-            raise ConfigError(f"synthetic straggler parameter {key} needs a number, got {value!r}") from None
+            raise ConfigError(
+                f"synthetic straggler parameter {key} needs a number, got {value!r}"
+            ) from None
     return params
 
 
