@@ -46,9 +46,7 @@ ITERATION_SCHEMA = pa.schema(ITERATION_COLUMNS, metadata={b"bdsgd.run_dir": b"1"
 def iterations_table(columns: dict[str, list]) -> pa.Table:
     """Build the iterations table; absent nullable columns are filled with nulls."""
     n = len(columns["iteration"])
-    arrays = [
-        pa.array(columns.get(f.name, [None] * n), type=f.type) for f in ITERATION_COLUMNS
-    ]
+    arrays = [pa.array(columns.get(f.name, [None] * n), type=f.type) for f in ITERATION_COLUMNS]
     return pa.Table.from_arrays(arrays, schema=ITERATION_SCHEMA)
 
 
