@@ -139,10 +139,20 @@ class TraceStore:
             for rid in sorted(df["run_id"].unique())
         ]
 
-    def run_matrix(self, run_id: str) -> RunMatrix:
-        df = self.read().filter(pl.col("run_id") == run_id)
+    def run_matrix(self, run_id: str, missing_ok: bool = False) -> RunMatrix | None:
+        """One run as a :class:`RunMatrix`, read lazily (only that run's rows are loaded and
+        validated). A run that is not there is an error, or None with ``missing_ok``."""
+        if missing_ok and not self.files():
+            return None
+        try:
+            df = self.scan().filter(pl.col("run_id") == run_id).collect()
+        except pl.exceptions.PolarsError as exc:
+            raise TraceError(f"cannot read trace store {self.path}: {_first_line(exc)}") from None
         if df.height == 0:
+            if missing_ok:
+                return None
             raise TraceError(f"no run {run_id!r} in {self.path}")
+        validate_values(df.to_arrow(), where=f"{self.path} run {run_id}")
         return to_run_matrix(df)
 
 

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import polars as pl
-import torch
 
 from schemas.run_dir import iterations_table, write_atomic, write_run_dir
 from stages.console import console, progress
@@ -30,6 +28,7 @@ from stages.errors import CheckpointError, ConfigError
 from stages.policies.base import Policy
 from stages.policies.registry import make_policy
 from stages.profile import engine_hosts
+from stages.safe_load import load_plain
 from stages.store import TraceStore, new_run_id
 
 CONFIG_FILE = "config.json"
@@ -166,13 +165,8 @@ def load_state(run_dir: Path) -> dict:
     path = run_dir / STATE_FILE
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
-    try:
-        state = torch.load(path, weights_only=True)
-    except Exception as exc:  # torch raises several types for a corrupt file
-        raise CheckpointError(
-            f"{path}: unreadable server checkpoint ({str(exc).splitlines()[0]})"
-        ) from None
-    if not isinstance(state, dict) or state.get("version") != 1:
+    state = load_plain(path, "server checkpoint")
+    if state.get("version") != 1:
         raise CheckpointError(f"{path}: not a bdsgd server checkpoint of version 1")
     return state
 
@@ -180,18 +174,12 @@ def load_state(run_dir: Path) -> dict:
 def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: int) -> int:
     """Feed the policy what the run already observed (its rows in the store); returns the
     iteration to continue from: after the checkpoint and after every row already written."""
-    store = TraceStore(traces)
-    if not store.files():
+    run = TraceStore(traces).run_matrix(run_id, missing_ok=True)
+    if run is None:
         return next_iteration
-    df = store.scan().filter(pl.col("run_id") == run_id).collect()
-    if df.height == 0:
-        return next_iteration
-    from stages.store import to_run_matrix
-
-    run = to_run_matrix(df)
-    for t in range(run.shape[0]):
-        seen = run.present[t]
-        runtimes = np.where(seen, run.runtimes[t], np.nanmax(run.runtimes[t]))
+    for t in np.flatnonzero(run.present.any(axis=1)):
+        seen = run.present[t]  # a worker with no row (dead) is censored at the slowest seen
+        runtimes = np.where(seen, run.runtimes[t], run.runtimes[t][seen].max())
         policy.observe(runtimes, run.censored[t] | ~seen)
     return max(next_iteration, run.shape[0])
 

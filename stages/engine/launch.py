@@ -19,6 +19,7 @@ from stages.engine.server import EngineConfig, Server
 from stages.engine.worker import WorkerSpec, default_bind_host, worker_main
 from stages.errors import ConfigError
 from stages.policies.base import Policy
+from stages.safe_load import save_atomic
 from stages.store import TraceStore, TraceWriter
 from stages.workloads import load_workload
 
@@ -201,7 +202,4 @@ def wait_written(writer: TraceWriter, rows: int, timeout_s: float) -> None:
 
 def save_state(run_dir: Path, state: dict) -> None:
     """Atomically replace the server checkpoint in the run directory."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".tmp-{STATE_FILE}"
-    torch.save(state, tmp)
-    os.replace(tmp, run_dir / STATE_FILE)
+    save_atomic(state, run_dir / STATE_FILE)

@@ -75,6 +75,11 @@ class Record:
         return f"{self.iteration},{self.start_s:.6f},{self.runtime_s:.6f},{int(self.censored)},{self.delay_s:.6f};"
 
     @staticmethod
+    def covers(blob: bytes, iteration: int) -> bool:
+        """Whether an appended record blob holds ``iteration`` (without decoding it)."""
+        return (b";" + blob).find(f";{iteration},".encode()) >= 0
+
+    @staticmethod
     def decode_all(blob: bytes) -> list[Record]:
         out = []
         for item in filter(None, blob.decode().split(";")):

@@ -306,14 +306,10 @@ class Server:
         sent = self.sent.get(t)
         if sent is None:
             return True
-        key_of = {
-            int(w): P.record_key(int(w), t // self.cfg.record_batch) for w in range(len(sent))
-        }
+        batch = t // self.cfg.record_batch
         for w in np.flatnonzero(sent & self.live):
-            key = key_of[int(w)]
-            if not self.store.check([key]):
-                return False
-            if all(r.iteration != t for r in P.Record.decode_all(self.store.get(key))):
+            key = P.record_key(int(w), batch)
+            if not self.store.check([key]) or not P.Record.covers(self.store.get(key), t):
                 return False
         return True
 

@@ -10,8 +10,6 @@ val_nll, baseline_nll, traces, workers). Writes are atomic: a temporary name, th
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 from stages.errors import CheckpointError
 from stages.model.data import Normaliser
 from stages.model.runtime_model import ModelConfig, RuntimeModel
+from stages.safe_load import first_line, load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
 VERSION = 1
@@ -79,15 +78,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         "fit_config": ckpt.fit_config,
         "summary": ckpt.summary,
     }
-    tmp = path.with_name(f".tmp-{path.name}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    save_atomic(payload, path)
     return path
 
 
@@ -119,20 +110,12 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             model, norm, vocab, default_hosts, payload["fit_config"], payload["summary"]
         )
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-        raise CheckpointError(f"{path}: malformed checkpoint ({_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: malformed checkpoint ({first_line(exc)})") from None
 
 
 def _read_payload(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        payload = torch.load(path, weights_only=True, map_location="cpu")
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, OSError) as exc:
-        reason = _first_line(exc)
-        if "Weights only load failed" in reason:
-            reason = "it holds objects other than tensors and plain data"
-        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    payload = load_plain(path, "checkpoint")
+    if payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a bdsgd run-time model checkpoint")
     if payload.get("version") != VERSION:
         raise CheckpointError(
@@ -140,15 +123,6 @@ def _read_payload(path: Path) -> dict:
             f"(this bdsgd reads version {VERSION}); fit again"
         )
     return payload
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first informative line of an exception's message (torch's state-dict errors put a
-    heading first and the reason on the next line)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else type(exc).__name__
 
 
 def grown_state_dict(model: RuntimeModel, old: RuntimeModel) -> dict:

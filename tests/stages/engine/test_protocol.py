@@ -56,3 +56,11 @@ def test_record_decode_of_an_empty_blob_is_empty():
 
 def test_members_round_trip():
     assert P.decode_members(P.encode_members([0, 1, 3]).encode()) == [0, 1, 3]
+
+
+def test_covers_finds_an_iteration_without_decoding():
+    blob = (
+        P.Record(3, 0.0, 0.1, False, 0.0).encode() + P.Record(13, 0.0, 0.1, True, 0.0).encode()
+    ).encode()
+    assert P.Record.covers(blob, 3) and P.Record.covers(blob, 13)
+    assert not P.Record.covers(blob, 1) and not P.Record.covers(blob, 23)

@@ -1,0 +1,58 @@
+"""Loading and saving bdsgd's own files without ever running code from them.
+
+Every checkpoint (the fitted model, the training server's state) is read with
+``torch.load(path, weights_only=True)``: tensors and plain data only. A missing, truncated or
+foreign file becomes one :class:`CheckpointError` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from stages.errors import CheckpointError
+
+
+def load_plain(path: Path, what: str) -> dict:
+    """The dict stored at ``path``; ``what`` names the file in error messages."""
+    if not path.is_file():
+        raise CheckpointError(f"no {what} at {path}")
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, OSError) as exc:
+        reason = first_line(exc)
+        if "Weights only load failed" in reason:
+            reason = "it holds objects other than tensors and plain data"
+        raise CheckpointError(f"{path}: not a readable {what} ({reason})") from None
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path}: not a bdsgd {what}")
+    return payload
+
+
+def save_atomic(payload: dict, path: Path) -> None:
+    """``torch.save`` under a temporary name, then rename into place; a failure leaves neither
+    a partial file nor the temporary one."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):  # e.g. the parent is not a directory: nothing to remove
+            tmp.unlink()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first informative line of an exception's message (torch's state-dict errors put a
+    heading first and the reason on the next line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else type(exc).__name__
