@@ -3,7 +3,12 @@
 1. One synthetic drifting cluster (``SyntheticCluster``, seed 0: host-correlated slow spells,
    drift, heavy-tailed spikes), 1000 iterations x 32 workers, replayed through every default
    policy; the wall time of the whole comparison.
-2. ``decision_ms`` (p50, p99 of ``choose``) for bdsgd, ewma and ecdf at N = 32 .. 1024, S = 256
+2. The cutoff objective with a perfect predictive: :class:`TruePredictor` samples the true
+   generating process of ``SyntheticCluster`` (it knows each host's regime at t-1, the drift, the
+   worker speeds), so the only difference between ``bdsgd:iteration`` (argmax c / E[x_(c)]) and
+   ``bdsgd`` (the long-run objective c - lambda E[x_(c)]) is the decision rule. 3000 iterations,
+   the last 20% simulated after the rest was observed, three seeds.
+3. ``decision_ms`` (p50, p99 of ``choose``) for bdsgd, ewma and ecdf at N = 32 .. 1024, S = 256
    samples, after 20 observed iterations, torch on one thread (on a busy 2-core machine torch's
    default two threads made bdsgd's decision ~100x slower at N=32). bdsgd runs an untrained model of the real architecture
    (speed does not depend on the weights), so its cost is the predictor's ``sample`` plus the
@@ -26,7 +31,7 @@ import torch
 from stages.policies.base import Policy
 from stages.policies.cutoff import BdsgdCutoff
 from stages.policies.registry import default_policy_specs, make_policy
-from stages.simulate import SimulateConfig, compare
+from stages.simulate import SimulateConfig, compare, replay
 from stages.store import RunMatrix
 from stages.stragglers import SyntheticCluster
 
@@ -61,6 +66,66 @@ def policies_table(iterations: int, workers: int) -> str:
             f"{m['mean_c']:.1f} | {m['decision_ms']:.3f} | {m['decision_ms_p99']:.3f} | "
             f"{m['idle_fraction']:.2f} | {m['mean_staleness']:.1f} |"
         )
+    return "\n".join(lines)
+
+
+class TruePredictor:
+    """The true one-step predictive of a ``SyntheticCluster`` run (a Predictor): given the hosts'
+    regimes at t-1, each host stays or switches with the chain's probabilities; drift and worker
+    speeds are known; noise and spikes are drawn as the cluster draws them."""
+
+    def __init__(self, cluster: SyntheticCluster, iterations: int, workers: int, seed: int = 1):
+        terms = cluster.log_delays(iterations, workers)
+        self.cluster, self.known = cluster, terms[0] + terms[1]
+        self.host = np.arange(workers) % cluster.hosts
+        first = [int(np.flatnonzero(self.host == h)[0]) for h in range(cluster.hosts)]
+        self.slow = terms[2][:, first] > 0  # (T, hosts)
+        self.rng = np.random.default_rng(seed)
+        self.t = 0
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        self.t += 1
+
+    def sample(self, num_samples: int) -> torch.Tensor:
+        c, rng, n = self.cluster, self.rng, self.known.shape[1]
+        before = self.slow[self.t - 1] if self.t > 0 else np.zeros(c.hosts, dtype=bool)
+        stay_slow = np.where(before, 1 - c.p_recover, c.p_slow)
+        slow = rng.random((num_samples, c.hosts)) < stay_slow
+        log_x = self.known[self.t] + np.log(c.slow_factor) * slow[:, self.host]
+        log_x = log_x + rng.normal(0, c.sigma, (num_samples, n))
+        spikes = rng.random((num_samples, n)) < c.spike_p
+        log_x = log_x + spikes * np.log(rng.pareto(c.spike_alpha, (num_samples, n)) + 1.0)
+        return torch.from_numpy(np.exp(log_x))
+
+
+def objective_table(iterations: int, workers: int, seeds: tuple[int, ...]) -> str:
+    """oracle_ratio of a perfect predictive under both objectives, and of ewma for scale."""
+    lines = [
+        f"The decision rule alone: a perfect predictive (`TruePredictor`), {iterations} iterations "
+        f"x {workers} workers, last 20% simulated, oracle_ratio:",
+        "",
+        "| seed | true model, per-iteration rate | true model, long-run (default) | ewma | "
+        "ewma:iteration |",
+        "|---|---|---|---|---|",
+    ]
+    for seed in seeds:
+        cluster = SyntheticCluster(seed=seed)
+        runtimes = cluster.delays(iterations, workers)
+        full = np.ones(runtimes.shape, dtype=bool)
+        run = RunMatrix("synthetic", runtimes, ~full, full, tuple(cluster.host_of(workers)))
+        policies = [
+            BdsgdCutoff(TruePredictor(cluster, iterations, workers), SAMPLES, objective)
+            for objective in ("iteration", "long-run")
+        ]
+        policies[0].name = "true:iteration"
+        policies += [make_policy(s, workers) for s in ("ewma", "ewma:iteration")]
+        start = int(0.8 * iterations)
+        oracle = replay(make_policy("oracle", workers), run, start, 0.0).metrics(1.0)
+        cells = [
+            replay(p, run, start, 0.0).metrics(oracle["throughput"])["oracle_ratio"]
+            for p in policies
+        ]
+        lines.append(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in cells) + " |")
     return "\n".join(lines)
 
 
@@ -142,6 +207,8 @@ def _run(quick: bool) -> str:
             f'import run; print(run(quick={quick}))"`.',
             "",
             policies_table(iterations, workers),
+            "",
+            objective_table(*((1000, 16, (0,)) if quick else (3000, 32, (0, 1, 2)))),
             "",
             decision_table(sizes, repeats),
             "",

@@ -75,16 +75,22 @@ class SyntheticCluster:
 
     def delays(self, iterations: int, workers: int) -> np.ndarray:
         """(T, N) delays in seconds; the same for the same seed, whatever process asks."""
+        return np.exp(self.log_delays(iterations, workers).sum(axis=0))
+
+    def log_delays(self, iterations: int, workers: int) -> np.ndarray:
+        """The (5, T, N) terms whose sum is the log delay: base and worker speed, drift, the host
+        regime, noise, spikes. Kept apart so a benchmark can build the true predictive."""
         rng = np.random.default_rng(self.seed)
         host = np.arange(workers) % self.hosts
-        log_d = np.log(self.base_s) + rng.normal(0, self.worker_spread, workers)[None, :]
+        terms = np.zeros((5, iterations, workers))
+        terms[0] = np.log(self.base_s) + rng.normal(0, self.worker_spread, workers)[None, :]
         t = np.arange(iterations)[:, None]
-        log_d = log_d + self.drift * np.sin(2 * np.pi * t / self.drift_period + rng.uniform(0, 6.3))
-        log_d = log_d + np.log(self.slow_factor) * self.host_regimes(iterations, rng)[:, host]
-        log_d = log_d + rng.normal(0, self.sigma, (iterations, workers))
+        terms[1] = self.drift * np.sin(2 * np.pi * t / self.drift_period + rng.uniform(0, 6.3))
+        terms[2] = np.log(self.slow_factor) * self.host_regimes(iterations, rng)[:, host]
+        terms[3] = rng.normal(0, self.sigma, (iterations, workers))
         spikes = rng.random((iterations, workers)) < self.spike_p
-        log_d = log_d + spikes * np.log(rng.pareto(self.spike_alpha, (iterations, workers)) + 1.0)
-        return np.exp(log_d)
+        terms[4] = spikes * np.log(rng.pareto(self.spike_alpha, (iterations, workers)) + 1.0)
+        return terms
 
 
 @dataclass(frozen=True)

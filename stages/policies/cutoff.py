@@ -2,14 +2,26 @@
 
 The dynamic ones share one objective. Given S joint samples of the next run-times over the live
 workers, sort each sample; the iteration ends when the c-th gradient arrives, so its expected
-length is E[x_(c)] (the mean over samples of the c-th smallest), and the policy picks
+length is E[x_(c)] (the mean over samples of the c-th smallest).
+
+Throughput is a ratio of sums, sum(c_t) / sum(x_(c_t) + overhead_s), so the c that maximises
+the long run is not the one that maximises each iteration's own ratio. By the renewal-reward
+argument (Dinkelbach's method for ratio objectives) the long-run optimum picks, every iteration,
+
+    c* = argmax_c  c - lambda * (E[x_(c)] + overhead_s)            (``long-run``, the default)
+
+where lambda is the throughput the policy achieves: each gradient must pay for the seconds it
+costs at the going rate. When the whole cluster is slow this waits for fewer gradients, when it
+is fast, for more. lambda is a slowly moving average of the achieved gradients and seconds
+(:class:`RateTracker`), so it follows a drifting cluster. Before any iteration was seen, and with
+``objective="iteration"``, the policy picks the per-iteration rate
 
     c* = argmax_c  c / (E[x_(c)] + overhead_s)
 
-the expected gradients per second. :func:`best_cutoff` evaluates every c at once (one sort, one
-mean, one argmax); no Python loop over c or over workers. ``ecdf``, ``ewma`` and ``bdsgd`` differ
-only in where the samples come from; ``elfving`` replaces the Monte Carlo order statistics by
-Elfving's closed form for a Gaussian; ``oracle`` sorts the true run-times.
+:func:`best_cutoff` evaluates every c at once (one sort, one mean, one argmax); no Python loop
+over c or over workers. ``ecdf``, ``ewma`` and ``bdsgd`` differ only in where the samples come
+from; ``elfving`` (the paper's baseline) replaces the Monte Carlo order statistics by Elfving's
+closed form for a Gaussian and keeps the per-iteration rate; ``oracle`` sorts the true run-times.
 """
 
 from __future__ import annotations
@@ -27,13 +39,48 @@ from stages.policies.estimators import EwmaLogNormal, WindowLogNormal
 QUANTILES = (0.1, 0.5, 0.9)
 
 
-def best_cutoff(expected: np.ndarray, overhead_s: float) -> int:
-    """c in 1..n maximizing c / (expected[c-1] + overhead_s); ``expected`` are the (n,) expected
-    order statistics E[x_(1)] <= ... <= E[x_(n)]. Ties go to the larger c (as many gradients per
-    second, and more of them per update)."""
+OBJECTIVES = ("long-run", "iteration")
+
+
+def best_cutoff(expected: np.ndarray, overhead_s: float, rate: float | None = None) -> int:
+    """c in 1..n maximizing c / (expected[c-1] + overhead_s), or, given the going ``rate``
+    (gradients per second), c - rate * (expected[c-1] + overhead_s); ``expected`` are the (n,)
+    expected order statistics E[x_(1)] <= ... <= E[x_(n)]. Ties go to the larger c (more
+    gradients per update)."""
     n = expected.shape[0]
-    rate = np.arange(1, n + 1) / np.maximum(expected + overhead_s, 1e-12)
-    return n - int(np.argmax(rate[::-1]))
+    c = np.arange(1, n + 1)
+    seconds = expected + overhead_s
+    if rate is not None and rate > 0:
+        value = c - rate * seconds
+    else:
+        value = c / np.maximum(seconds, 1e-12)
+    return n - int(np.argmax(value[::-1]))
+
+
+class RateTracker:
+    """lambda: the gradients per second a policy has been achieving, as the ratio of exponentially
+    weighted sums of gradients and of seconds per iteration (``alpha`` 0.01: about the last 100
+    iterations; bias-corrected, so the first iterations count fully)."""
+
+    def __init__(self, alpha: float = 0.01) -> None:
+        self.alpha = alpha
+        self.gradients = 0.0
+        self.seconds = 0.0
+
+    def update(self, gradients: int, seconds: float) -> None:
+        a = self.alpha
+        self.gradients = (1 - a) * self.gradients + a * gradients
+        self.seconds = (1 - a) * self.seconds + a * seconds
+
+    def rate(self) -> float | None:
+        return self.gradients / self.seconds if self.seconds > 0 else None
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray, overhead_s: float) -> None:
+        """One iteration as the server saw it: the accepted gradients, and the iteration's length
+        (the last accepted run-time plus the fixed cost)."""
+        done = ~np.asarray(censored, dtype=bool)
+        if done.any():
+            self.update(int(done.sum()), float(np.max(runtimes[done])) + overhead_s)
 
 
 def sorted_samples(samples: np.ndarray) -> np.ndarray:
@@ -115,14 +162,22 @@ class ElfvingCutoff(Policy):
 class MonteCarloCutoff(Policy):
     """A policy that draws S joint samples of the next run-times and applies :func:`best_cutoff`.
 
-    Before any data it waits for everyone. :meth:`describe` gives the 10/50/90% quantiles of the
-    predicted iteration time x_(c) + overhead_s for the c it chose last.
+    Before any data it waits for everyone. ``objective`` is ``long-run`` (the default) or
+    ``iteration`` (see the module's docstring). Subclasses implement :meth:`samples` and
+    :meth:`learn`. :meth:`describe` gives the 10/50/90% quantiles of the predicted iteration time
+    x_(c) + overhead_s for the c it chose last.
     """
 
-    def __init__(self, num_samples: int = 256) -> None:
+    def __init__(self, num_samples: int = 256, objective: str = "long-run") -> None:
         if num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
+        if objective not in OBJECTIVES:
+            raise ConfigError(
+                f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}"
+            )
         self.num_samples = num_samples
+        self.objective = objective
+        self.tracker = RateTracker()
         self._chosen: np.ndarray | None = None
 
     @abc.abstractmethod
@@ -136,9 +191,22 @@ class MonteCarloCutoff(Policy):
             self._chosen = None
             return max(int(live.sum()), 1)
         ordered = sorted_samples(draws)
-        c = best_cutoff(ordered.mean(axis=0), self.overhead_s)
+        rate = self.tracker.rate() if self.objective == "long-run" else None
+        c = best_cutoff(ordered.mean(axis=0), self.overhead_s, rate)
         self._chosen = ordered[:, c - 1]
         return c
+
+    def spec_name(self, kind: str) -> str:
+        """``kind`` with the objective appended unless it is the default (names key results)."""
+        return kind if self.objective == "long-run" else f"{kind}:{self.objective}"
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        self.tracker.observe(runtimes, censored, self.overhead_s)
+        self.learn(runtimes, censored)
+
+    @abc.abstractmethod
+    def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        """Update the source of the samples with one observed iteration."""
 
     def describe(self) -> dict:
         if self._chosen is None:
@@ -151,9 +219,11 @@ class EcdfCutoff(MonteCarloCutoff):
     """``ecdf``: resample the pooled run-times of the last ``window`` iterations (the empirical
     distribution, every worker alike)."""
 
-    def __init__(self, window: int = 50, num_samples: int = 256, seed: int = 0) -> None:
-        super().__init__(num_samples)
-        self.name = "ecdf"
+    def __init__(
+        self, window: int = 50, num_samples: int = 256, seed: int = 0, objective: str = "long-run"
+    ) -> None:
+        super().__init__(num_samples, objective)
+        self.name = self.spec_name("ecdf")
         self.window = WindowLogNormal(window)
         self.rng = np.random.default_rng(seed)
 
@@ -164,7 +234,7 @@ class EcdfCutoff(MonteCarloCutoff):
         idx = self.rng.integers(0, values.size, (self.num_samples, int(live.sum())))
         return np.exp(values[idx])
 
-    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+    def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.window.observe(runtimes, censored)
 
 
@@ -173,10 +243,15 @@ class EwmaCutoff(MonteCarloCutoff):
     independent across workers."""
 
     def __init__(
-        self, num_workers: int, alpha: float = 0.1, num_samples: int = 256, seed: int = 0
+        self,
+        num_workers: int,
+        alpha: float = 0.1,
+        num_samples: int = 256,
+        seed: int = 0,
+        objective: str = "long-run",
     ) -> None:
-        super().__init__(num_samples)
-        self.name = "ewma"
+        super().__init__(num_samples, objective)
+        self.name = self.spec_name("ewma")
         self.ewma = EwmaLogNormal(num_workers, alpha=alpha)
         self.rng = np.random.default_rng(seed)
 
@@ -187,16 +262,18 @@ class EwmaCutoff(MonteCarloCutoff):
         z = self.rng.standard_normal((self.num_samples, int(live.sum())))
         return np.exp(mu[live] + sigma[live] * z)
 
-    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+    def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.ewma.observe(runtimes, censored)
 
 
 class BdsgdCutoff(MonteCarloCutoff):
     """``bdsgd``: joint samples from the fitted run-time model's posterior predictive."""
 
-    def __init__(self, predictor: Predictor, num_samples: int = 256) -> None:
-        super().__init__(num_samples)
-        self.name = "bdsgd"
+    def __init__(
+        self, predictor: Predictor, num_samples: int = 256, objective: str = "long-run"
+    ) -> None:
+        super().__init__(num_samples, objective)
+        self.name = self.spec_name("bdsgd")
         self.predictor = predictor
 
     def samples(self, live: np.ndarray) -> np.ndarray:
@@ -204,5 +281,5 @@ class BdsgdCutoff(MonteCarloCutoff):
             draws = self.predictor.sample(self.num_samples)
         return draws.detach().cpu().numpy()[:, live]
 
-    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+    def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.predictor.observe(runtimes, censored)

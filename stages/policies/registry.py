@@ -1,7 +1,8 @@
 """Policy specs (``--policy``/``--policies``) to policy objects, for the simulator and the trainer.
 
 Specs: ``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``, ``bdsgd`` (needs a checkpoint),
-``k-batch-sync:K``, ``k-async:K``, ``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation only).
+each of the last three optionally ``:long-run`` (the default objective) or ``:iteration`` (the
+per-iteration rate c / E[x_(c)]; see ``stages.policies.cutoff``), ``k-batch-sync:K``, ``k-async:K``, ``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation only).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from stages.errors import ConfigError
 from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 from stages.policies.base import Policy
 from stages.policies.cutoff import (
+    OBJECTIVES,
     BdsgdCutoff,
     EcdfCutoff,
     ElfvingCutoff,
@@ -26,9 +28,9 @@ SPECS = (
     "full",
     "static:C",
     "elfving",
-    "ecdf",
-    "ewma",
-    "bdsgd",
+    "ecdf[:OBJECTIVE]",
+    "ewma[:OBJECTIVE]",
+    "bdsgd[:OBJECTIVE]",
     "k-batch-sync:K",
     "k-async:K",
     "async",
@@ -36,6 +38,7 @@ SPECS = (
     "oracle",
 )
 ADASYNC_DEFAULT_PERIOD = 100
+MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective
 
 
 def make_policy(
@@ -59,7 +62,7 @@ def make_policy(
     if num_workers < 1:
         raise ConfigError(f"need at least one worker, got {num_workers}")
     kind, colon, arg = spec.strip().partition(":")
-    if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync"):
+    if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync", *MONTE_CARLO):
         raise _unknown(spec)
     policy = _build(kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples)
     policy.overhead_s = overhead_s
@@ -69,12 +72,15 @@ def make_policy(
 def _build(
     kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples
 ) -> Policy:
+    objective = _objective(arg, spec) if kind in MONTE_CARLO else None
     simple = {
         "full": FullSync,
         "oracle": OracleCutoff,
         "elfving": ElfvingCutoff,
-        "ecdf": lambda: EcdfCutoff(num_samples=num_samples, seed=seed),
-        "ewma": lambda: EwmaCutoff(num_workers, num_samples=num_samples, seed=seed),
+        "ecdf": lambda: EcdfCutoff(num_samples=num_samples, seed=seed, objective=objective),
+        "ewma": lambda: EwmaCutoff(
+            num_workers, num_samples=num_samples, seed=seed, objective=objective
+        ),
         "async": lambda: KAsync(1, name="async"),
     }
     if kind in simple:
@@ -89,7 +95,7 @@ def _build(
         return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
     if kind == "bdsgd":
         predictor = _load_predictor(checkpoint, num_workers, hosts, seed)
-        return BdsgdCutoff(predictor, num_samples=num_samples)
+        return BdsgdCutoff(predictor, num_samples=num_samples, objective=objective)
     raise _unknown(spec)
 
 
@@ -103,6 +109,13 @@ def _count(arg: str, spec: str, limit: int | None) -> int:
         bound = f"1..{limit}" if limit is not None else ">= 1"
         raise ConfigError(f"policy {spec!r}: the number must be in {bound}")
     return value
+
+
+def _objective(arg: str, spec: str) -> str:
+    """The objective after the colon of ``ecdf``/``ewma``/``bdsgd`` (default ``long-run``)."""
+    if arg and arg not in OBJECTIVES:
+        raise ConfigError(f"policy {spec!r}: the objective must be one of {', '.join(OBJECTIVES)}")
+    return arg or "long-run"
 
 
 def _adasync_period(num_workers: int, iterations: int | None) -> int:

@@ -14,6 +14,7 @@ from stages.policies.cutoff import (
     EwmaCutoff,
     FullSync,
     OracleCutoff,
+    RateTracker,
     StaticCutoff,
     best_cutoff,
 )
@@ -120,3 +121,62 @@ def test_bdsgd_passes_observations_through():
     x, cens = np.array([1.0, 2.0, 3.0, 3.0]), np.array([False, False, False, True])
     policy.observe(x, cens)
     assert predictor.seen[0][0] is x and predictor.seen[0][1] is cens
+
+
+def test_long_run_objective_pays_each_gradient_at_the_going_rate():
+    expected = np.array([1.0, 2.0, 2.2, 10.0])
+    assert best_cutoff(expected, overhead_s=0.0) == 3  # per iteration: 3 / 2.2 is the best rate
+    # at 2 gradients/s a second costs 2 gradients: c=1 nets 1 - 2, c=3 nets 3 - 4.4
+    assert best_cutoff(expected, overhead_s=0.0, rate=2.0) == 1
+    assert best_cutoff(expected, overhead_s=0.0, rate=0.5) == 3
+    assert best_cutoff(expected, overhead_s=0.0, rate=None) == 3
+
+
+def test_rate_tracker_follows_the_achieved_throughput():
+    tracker = RateTracker(alpha=0.1)
+    assert tracker.rate() is None
+    for _ in range(50):  # 3 gradients accepted in 2 s (+ 0.5 s overhead)
+        tracker.observe(np.array([1.0, 2.0, 2.0, 2.0]), np.array([0, 0, 1, 0], bool), 0.5)
+    assert tracker.rate() == pytest.approx(3 / 2.5)
+    tracker.observe(np.ones(4), np.ones(4, dtype=bool), 0.5)  # nothing accepted: no update
+    assert tracker.rate() == pytest.approx(3 / 2.5)
+
+
+class ReplayPredictor:
+    """A Predictor test double that knows the next row of a run (a perfect predictive)."""
+
+    def __init__(self, runtimes: np.ndarray) -> None:
+        self.runtimes, self.t = runtimes, 0
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        self.t += 1
+
+    def sample(self, num_samples: int) -> torch.Tensor:
+        return torch.as_tensor(self.runtimes[self.t]).expand(num_samples, -1)
+
+
+def test_long_run_objective_beats_the_per_iteration_rate_across_regimes():
+    from stages.simulate import simulate_sync
+    from stages.store import RunMatrix
+
+    fast = np.array([1.0, 1.0, 1.0, 1.0])
+    slow = np.array([5.0, 9.9, 14.7, 19.5])  # per iteration, waiting for all is (just) best
+    runtimes = np.stack([fast if t % 2 else slow for t in range(200)])
+    mask = np.ones_like(runtimes, dtype=bool)
+    run = RunMatrix("r", runtimes, ~mask, mask, ("h",) * 4)
+    throughput = {}
+    for objective in ("iteration", "long-run"):
+        policy = BdsgdCutoff(ReplayPredictor(runtimes), num_samples=2, objective=objective)
+        result = simulate_sync(policy, run, 0, overhead_s=0.0)
+        c, seconds = np.array(result.columns["c"]), np.array(result.columns["iteration_s"])
+        throughput[objective] = c.sum() / seconds.sum()
+    # iteration: 4 gradients per 1 s, then 4 per 19.5 s; long run: the slow row's first alone
+    assert throughput["iteration"] == pytest.approx(8 / 20.5, rel=0.02)
+    assert throughput["long-run"] > 1.9 * throughput["iteration"]
+
+
+def test_objective_is_validated_and_named():
+    with pytest.raises(ConfigError):
+        EwmaCutoff(4, objective="fastest")
+    assert EwmaCutoff(4).name == "ewma"
+    assert EwmaCutoff(4, objective="iteration").name == "ewma:iteration"

@@ -47,3 +47,14 @@ def test_default_specs():
     assert "bdsgd" not in specs
     assert "bdsgd" in default_policy_specs(20, with_checkpoint=True)
     assert default_policy_specs(1, with_checkpoint=False)[0] == "full"
+
+
+def test_monte_carlo_policies_take_an_objective():
+    assert make_policy("ewma", 4).objective == "long-run"
+    policy = make_policy("ecdf:iteration", 4)
+    assert (policy.name, policy.objective) == ("ecdf:iteration", "iteration")
+    assert make_policy("ewma:long-run", 4).name == "ewma"
+    with pytest.raises(ConfigError, match="objective"):
+        make_policy("ewma:fastest", 4)
+    with pytest.raises(ConfigError, match="unknown policy"):
+        make_policy("elfving:iteration", 4)
