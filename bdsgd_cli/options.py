@@ -60,3 +60,12 @@ timeout = click.option(
     show_default=True,
     help="Seconds to wait on another process before declaring it dead.",
 )
+
+explore = click.option(
+    "--explore",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Fraction of iterations in which the learning cutoff policies (elfving, ecdf, ewma, "
+    "bdsgd) wait for every worker, so that the slow tail is observed uncensored.",
+)

@@ -23,7 +23,8 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
     "--policies",
     default="",
     help="Comma-separated specs (full, static:C, elfving, ecdf, ewma, bdsgd, k-batch-sync:K, "
-    "k-async:K, async, adasync, oracle); default: every policy that applies.",
+    "k-async:K, async, adasync, oracle; ecdf, ewma and bdsgd take ':iteration' for the "
+    "per-iteration objective); default: every policy that applies.",
 )
 @click.option(
     "--overhead-s",
@@ -44,11 +45,22 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
 @click.option(
     "--sample", type=int, help="Simulate T iterations drawn from --checkpoint's model instead."
 )
+@options.explore
 @options.seed
 @options.json_out
 @run_stage
 def simulate(
-    traces, checkpoint, policies, overhead_s, out, run_id, from_frac, sample, seed, json_out
+    traces,
+    checkpoint,
+    policies,
+    overhead_s,
+    out,
+    run_id,
+    from_frac,
+    sample,
+    explore,
+    seed,
+    json_out,
 ) -> None:
     """Replay recorded run-times (or the fitted model's own samples) through every cutoff and
     asynchronous policy, and rank them by throughput against the oracle."""
@@ -63,6 +75,7 @@ def simulate(
         run_id=run_id,
         from_frac=from_frac,
         sample=sample,
+        explore=explore,
         seed=seed,
     )
     summary = run_simulate(config)

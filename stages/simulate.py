@@ -74,6 +74,8 @@ class SimulateConfig:
     """Seed of the Monte Carlo policies and of model sampling."""
     num_samples: int = 256
     """Joint samples S per decision for ecdf, ewma and bdsgd."""
+    explore: float = 0.0
+    """Fraction of iterations in which the learning cutoff policies wait for every worker."""
 
     def __post_init__(self) -> None:
         if (self.traces is None) == (self.sample is None):
@@ -86,6 +88,8 @@ class SimulateConfig:
             raise ConfigError(f"--overhead-s must be >= 0, got {self.overhead_s}")
         if self.num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1, got {self.num_samples}")
+        if not 0.0 <= self.explore < 1.0:
+            raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
 
 
 @dataclass
@@ -343,6 +347,7 @@ def compare(
         seed=config.seed,
         iterations=run.runtimes.shape[0] - start,
         num_samples=config.num_samples,
+        explore=config.explore,
     )
     policies = [make_policy(spec, n, **kwargs) for spec in specs]
     oracle = replay(make_policy("oracle", n), run, start, config.overhead_s)

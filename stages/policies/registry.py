@@ -23,6 +23,7 @@ from stages.policies.cutoff import (
     OracleCutoff,
     StaticCutoff,
 )
+from stages.policies.explore import Exploring
 
 SPECS = (
     "full",
@@ -39,6 +40,7 @@ SPECS = (
 )
 ADASYNC_DEFAULT_PERIOD = 100
 MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective
+LEARNING = ("elfving", *MONTE_CARLO)  # the policies that --explore applies to
 
 
 def make_policy(
@@ -51,13 +53,16 @@ def make_policy(
     seed: int = 0,
     iterations: int | None = None,
     num_samples: int = 256,
+    explore: float = 0.0,
 ) -> Policy:
     """Build the policy named by ``spec`` for a cluster of ``num_workers``.
 
     ``checkpoint``/``hosts`` serve ``bdsgd`` (the model is loaded only for it); ``iterations``
     (computations per worker in the run) sets adasync's default period so that K reaches N for
     the last stage (without it: K doubles every 100 * N gradients); ``overhead_s`` is the measured
-    fixed cost of an iteration. Raises :class:`ConfigError` with a one-line message on a bad spec.
+    fixed cost of an iteration; ``explore`` > 0 makes the learning cutoff policies (``elfving``,
+    ``ecdf``, ``ewma``, ``bdsgd``) wait for every worker in that fraction of iterations (see
+    ``stages.policies.explore``). Raises :class:`ConfigError` with a one-line message on a bad spec.
     """
     if num_workers < 1:
         raise ConfigError(f"need at least one worker, got {num_workers}")
@@ -65,6 +70,10 @@ def make_policy(
     if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync", *MONTE_CARLO):
         raise _unknown(spec)
     policy = _build(kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples)
+    if explore > 0 and kind in LEARNING:
+        policy = Exploring(policy, explore, seed=seed)
+    elif not 0.0 <= explore < 1.0:
+        raise ConfigError(f"--explore must be in [0, 1), got {explore}")
     policy.overhead_s = overhead_s
     return policy
 

@@ -174,3 +174,16 @@ def test_bdsgd_end_to_end_with_a_fitted_checkpoint(tmp_path):
     assert sampled.exit_code == 0, sampled.output
     payload = json.loads(sampled.stdout.strip().splitlines()[-1])
     assert payload["workers"] == 6 and payload["iterations"] == 30
+
+
+def test_objective_suffix_and_explore_flag(tmp_path):
+    write_run(tmp_path / "traces", "profile-1", straggling(120, 4))
+    args = ["simulate", "--traces", str(tmp_path / "traces"), "--json"]
+    result = CliRunner().invoke(
+        cli, [*args, "--policies", "ewma,ewma:iteration", "--explore", "0.5"]
+    )
+    assert result.exit_code == 0, result.output
+    policies = json.loads(result.output.strip().splitlines()[-1])["policies"]
+    assert set(policies) == {"ewma", "ewma:iteration"}
+    bad = CliRunner().invoke(cli, [*args, "--explore", "2"])
+    assert bad.exit_code != 0 and "--explore must be in [0, 1)" in one_line_error(bad)

@@ -238,6 +238,22 @@ def test_config_checks():
         SimulateConfig(sample=10)
     with pytest.raises(ConfigError):
         SimulateConfig(traces=Path("t"), overhead_s=-1.0)
+    with pytest.raises(ConfigError, match="--explore"):
+        SimulateConfig(traces=Path("t"), explore=1.0)
+
+
+def test_explore_waits_for_everyone_in_a_fraction_of_iterations():
+    run = as_run(HostRegimeCluster(workers=8, hosts=2).runtimes(400))
+    plain, before = compare(["ewma", "static:4"], run, SimulateConfig(traces=Path("unused")))
+    explored, after = compare(
+        ["ewma", "static:4"], run, SimulateConfig(traces=Path("unused"), explore=0.25)
+    )
+    share = [np.mean(np.array(r[0].columns["c"]) == 8) for r in (before, after)]
+    # a quarter of the iterations where ewma would have cut now wait for all 8
+    assert share[1] - share[0] == pytest.approx(0.25 * (1 - share[0]), abs=0.08)
+    assert explored["ewma"]["mean_c"] > plain["ewma"]["mean_c"]
+    for key in ("throughput", "mean_c"):  # static policies do not explore
+        assert explored["static:4"][key] == plain["static:4"][key]
 
 
 def test_missing_trace_store_is_a_trace_error(tmp_path):

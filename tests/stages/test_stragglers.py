@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -131,3 +134,10 @@ def test_replay_fills_a_missing_row_with_the_worker_median(tmp_path, trace_rows)
 def test_replay_of_a_missing_path_is_a_trace_error(tmp_path):
     with pytest.raises(TraceError):
         parse_stragglers(f"replay:{tmp_path / 'nothing'}")
+
+
+def test_every_synthetic_parameter_is_documented_with_its_default():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "stragglers.md").read_text()
+    for field in dataclasses.fields(SyntheticCluster):
+        if field.name != "seed":
+            assert f"| `{field.name}` | {field.default} |" in text, field.name
