@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 
-from stages.errors import ConfigError
+from stages.errors import CheckpointError, ConfigError
 from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 from stages.policies.base import Policy
 from stages.policies.cutoff import (
@@ -139,9 +139,29 @@ def _adasync_period(num_workers: int, iterations: int | None) -> int:
 def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None, seed: int):
     if checkpoint is None:
         raise ConfigError("policy 'bdsgd' needs a fitted model: pass --checkpoint FILE")
-    from stages.model.predictor import load_predictor
+    from stages.model.checkpoint import load_checkpoint
+    from stages.model.predictor import predictor_from
 
-    return load_predictor(checkpoint, workers=list(range(num_workers)), hosts=hosts, seed=seed)
+    ckpt = load_checkpoint(checkpoint)
+    check_same_cluster(ckpt.vocab.host_names, hosts, checkpoint)
+    return predictor_from(ckpt, workers=list(range(num_workers)), hosts=hosts, seed=seed)
+
+
+def check_same_cluster(known: tuple[str, ...], hosts: list[str] | None, checkpoint) -> None:
+    """A checkpoint whose hosts share none with this cluster's was fitted on another cluster: its
+    predictions would all come from the "unknown" embeddings. That is an error (one line), not a
+    silent fallback; a cluster that grew or shrank keeps some hosts and is fine."""
+    if not hosts or not known or set(hosts) & set(known):
+        return
+
+    def names(xs) -> str:
+        xs = sorted(set(xs))
+        return ", ".join(xs[:3]) + (f" and {len(xs) - 3} more" if len(xs) > 3 else "")
+
+    raise CheckpointError(
+        f"{checkpoint} was fitted on another cluster (hosts {names(known)}; this one has "
+        f"{names(hosts)}): fit on this cluster's traces, e.g. bdsgd fit --init {checkpoint}"
+    )
 
 
 def _unknown(spec: str) -> ConfigError:

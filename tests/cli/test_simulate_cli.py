@@ -13,8 +13,9 @@ from stages.fit import FitConfig, run_fit
 from stages.store import TraceStore
 
 
-def write_run(path, run_id: str, runtimes: np.ndarray) -> None:
-    """One schema-v1 run of (T, N) run-times, nothing censored."""
+def write_run(path, run_id: str, runtimes: np.ndarray, host: str = "h") -> None:
+    """One schema-v1 run of (T, N) run-times on hosts ``<host>0``, ``<host>1``, nothing
+    censored."""
     t, n = runtimes.shape
     it, wk = np.meshgrid(np.arange(t), np.arange(n), indexing="ij")
     rows = t * n
@@ -23,7 +24,7 @@ def write_run(path, run_id: str, runtimes: np.ndarray) -> None:
             "run_id": [run_id] * rows,
             "iteration": it.ravel().tolist(),
             "worker": wk.ravel().tolist(),
-            "host": [f"h{w % 2}" for w in wk.ravel()],
+            "host": [f"{host}{w % 2}" for w in wk.ravel()],
             "world_size": [n] * rows,
             "start_s": np.zeros(rows).tolist(),
             "runtime_s": runtimes.ravel().tolist(),
@@ -174,6 +175,12 @@ def test_bdsgd_end_to_end_with_a_fitted_checkpoint(tmp_path):
     assert sampled.exit_code == 0, sampled.output
     payload = json.loads(sampled.stdout.strip().splitlines()[-1])
     assert payload["workers"] == 6 and payload["iterations"] == 30
+    elsewhere = tmp_path / "elsewhere"  # the same shape, but none of the hosts fitted on
+    write_run(elsewhere, "profile-2", straggling(40, 6), host="node")
+    foreign = CliRunner().invoke(
+        cli, ["simulate", "--traces", str(elsewhere), "--checkpoint", str(ckpt)]
+    )
+    assert "fitted on another cluster (hosts h0, h1" in one_line_error(foreign)
 
 
 def test_objective_suffix_and_explore_flag(tmp_path):
