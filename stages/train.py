@@ -1,14 +1,17 @@
-"""``bdsgd train``: cutoff-controlled synchronous SGD over torch.distributed.
+"""``bdsgd train``: SGD through a parameter server over torch.distributed, with a cutoff policy
+(synchronous: apply the first c gradients of an iteration) or an asynchronous one (``k-async:K``,
+``async``, ``adasync``: apply every K arrivals, stragglers keep computing and land late).
 
-The engine (``stages.engine``) runs the iterations; this stage builds the policy, keeps the run
-directory (config, server checkpoint, per-iteration metrics, summary), resumes a killed run and
-turns the iteration log into the SPEC's summary.
+The engine (``stages.engine``) runs the iterations (updates, for the asynchronous policies); this
+stage builds the policy, keeps the run directory (config, server checkpoint, per-iteration
+metrics, summary), resumes a killed run and turns the iteration log into the SPEC's summary.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +42,10 @@ class TrainConfig:
     workers: int
     """Number of worker processes N."""
     iterations: int
-    """Total iterations T of the run (a resumed run continues up to T)."""
+    """Total iterations T of the run (updates, for the asynchronous policies; a resumed run
+    continues up to T)."""
     policy: str
-    """Cutoff policy: full, static:C, elfving, ecdf, ewma, bdsgd."""
+    """full, static:C, elfving, ecdf, ewma, bdsgd (cutoff) or k-async:K, async, adasync[:G]."""
     traces: Path
     """Trace store the run's rows (censored ones included) are appended to."""
     out: Path
@@ -120,9 +124,13 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     engine_cfg = cfg.engine(run_id)
     policy = build_policy(cfg, engine_cfg.hosts)
     if state:
-        state["next_iteration"] = replay_history(
-            policy, cfg.traces, run_id, state["next_iteration"]
-        )
+        check_resumable(state, policy, cfg.out)
+        if policy.mode == "k-async":
+            replay_async_history(policy, cfg.traces, run_id, state)
+        else:
+            state["next_iteration"] = replay_history(
+                policy, cfg.traces, run_id, state["next_iteration"]
+            )
     result = run_with_live_view(cfg, engine_cfg, policy, state)
     summary = summarize(cfg, run_id, result)
     write_run_dir(cfg.out, summary, iterations_table(result.log))
@@ -147,17 +155,27 @@ def build_policy(cfg: TrainConfig, hosts: tuple[str, ...]) -> Policy:
         cfg.checkpoint,
         list(hosts),
         seed=cfg.seed,
-        iterations=cfg.iterations,
+        iterations=computations_per_worker(cfg.iterations, cfg.workers),
         overhead_s=cfg.overhead_s or 0.0,
     )
-    if policy.mode != "sync":
+    if policy.mode == "k-batch-sync":
         raise ConfigError(
-            f"policy {cfg.policy!r} is asynchronous; bdsgd train runs cutoff policies "
-            "(full, static:C, elfving, ecdf, ewma, bdsgd); compare async ones with bdsgd simulate"
+            f"bdsgd train does not run {cfg.policy!r} yet (k-batch-sync); compare it with bdsgd "
+            "simulate, or train with k-async:K, async, adasync or a cutoff policy"
         )
     if cfg.policy == "oracle":
         raise ConfigError("the oracle policy exists only in simulation")
     return policy
+
+
+def computations_per_worker(updates: int, workers: int) -> int:
+    """The computations per worker of an adasync run of ``updates`` updates (what ``make_policy``
+    sizes adasync's stages with): K doubles from 1 to N over s = ceil(log2 N) + 1 stages of P
+    gradients each, that is P * (2 - 2^(1-s)) updates, so the run's N * T' gradients are s * P
+    with P = updates / (2 - 2^(1-s)). Only adasync reads it."""
+    stages = math.ceil(math.log2(workers)) + 1
+    period = updates / (2 - 2 ** (1 - stages))
+    return max(1, math.ceil(period * stages / workers))
 
 
 def load_state(run_dir: Path) -> dict:
@@ -169,6 +187,29 @@ def load_state(run_dir: Path) -> dict:
     if state.get("version") != 1:
         raise CheckpointError(f"{path}: not a bdsgd server checkpoint of version 1")
     return state
+
+
+def check_resumable(state: dict, policy: Policy, run_dir: Path) -> None:
+    mode = state.get("mode", "sync")
+    if (mode == "k-async") != (policy.mode == "k-async"):
+        raise CheckpointError(
+            f"{run_dir / STATE_FILE} was written by a {mode} run, not by policy {policy.name!r}"
+        )
+
+
+def replay_async_history(policy: Policy, traces: Path, run_id: str, state: dict) -> None:
+    """Bring an asynchronous run's policy and computation counters up to the checkpoint: the
+    policy chooses K again for every update in the log (adasync's schedule counts them), and each
+    worker's next computation comes after every row the run already wrote (rows written after
+    the checkpoint stay; the updates they fed are redone)."""
+    workers = len(state["live"])
+    for live in state["log"].get("workers", []):
+        policy.choose(np.arange(workers) < live)
+    run = TraceStore(traces).run_matrix(run_id, missing_ok=True)
+    if run is not None:
+        rows = run.present.shape[0]
+        written = np.where(run.present.any(axis=0), rows - np.argmax(run.present[::-1], 0), 0)
+        state["next_j"] = np.maximum(state["next_j"], written[:workers]).tolist()
 
 
 def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: int) -> int:
@@ -193,13 +234,16 @@ def run_with_live_view(cfg, engine_cfg, policy, state) -> EngineResult:
             nonlocal dropped
             dropped += row["workers"] - row["c"]
             loss = f"{row['loss']:.3f}" if row["loss"] is not None else "-"
+            late = (
+                f"staleness {row['staleness']:.1f}"
+                if policy.mode == "k-async"
+                else f"dropped {dropped}"
+            )
+            rate = row["c"] / max(row["iteration_s"], 1e-9)
             bar.update(
                 task,
                 completed=t + 1,
-                status=(
-                    f"loss {loss}  c {row['c']}/{row['workers']}  "
-                    f"{row['c'] / row['iteration_s']:.0f} grad/s  dropped {dropped}"
-                ),
+                status=f"loss {loss}  c {row['c']}/{row['workers']}  {rate:.0f} grad/s  {late}",
             )
 
         return run_engine(engine_cfg, policy, cfg.traces, on_iteration, cfg.out, state)
@@ -230,6 +274,7 @@ def summarize(cfg: TrainConfig, run_id: str, result: EngineResult) -> dict:
         traces=str(cfg.traces),
         target_loss=cfg.target_loss,
         idle_fraction=1.0 - busy / worker_seconds if worker_seconds > 0 else 0.0,
+        mean_staleness=float(np.mean(log.get("staleness") or [0.0])),
         rows_appended=result.rows_written,
         dead_workers={str(k): v for k, v in result.dead_workers.items()},
         interrupted=result.interrupted,

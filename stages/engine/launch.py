@@ -1,6 +1,10 @@
 """Starting and stopping an engine run on one machine: the control store, N spawned worker
 processes, the server loop in this process, periodic server checkpoints, and a shutdown that
-leaves no process behind (stop keys, bounded joins, then terminate and kill)."""
+leaves no process behind (stop keys, bounded joins, then terminate and kill).
+
+The policy's ``mode`` picks the engine: ``sync`` policies run the cutoff server and workers
+(``server.py``, ``worker.py``), ``k-async`` ones the asynchronous pair (``async_server.py``,
+``async_worker.py``). Torchrun worker ranks learn the mode from the store."""
 
 from __future__ import annotations
 
@@ -13,11 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from stages.engine import async_protocol as A
 from stages.engine import protocol as P
+from stages.engine.async_server import AsyncServer
+from stages.engine.async_worker import AsyncWorkerSpec, async_worker_main
 from stages.engine.server import EngineConfig, Server
 from stages.engine.worker import WorkerSpec, default_bind_host, worker_main
-from stages.errors import ConfigError
+from stages.errors import ConfigError, WorkerError
 from stages.policies.base import Policy
 from stages.safe_load import save_atomic
 from stages.store import TraceStore, TraceWriter
@@ -55,12 +63,15 @@ def run_engine(
     else:
         store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
     start = int(resume["next_iteration"]) if resume else 0
+    asynchronous = policy.mode == "k-async"
+    store.set(A.MODE_KEY, policy.mode)
     store.set("start_iteration", str(start))
     store.set("t0", repr(time.time()))
     writer = TraceWriter(TraceStore(traces), batch_rows=cfg.record_batch * cfg.workers)
-    procs = [] if tr else spawn_workers(cfg, store.port)
+    procs = [] if tr else spawn_workers(cfg, store.port, asynchronous)
     alive = (lambda w: True) if tr else (lambda w: procs[w].is_alive())  # torchrun: timeouts tell
-    server = Server(cfg, store, workload, policy, writer, alive=alive)
+    server_class = AsyncServer if asynchronous else Server
+    server = server_class(cfg, store, workload, policy, writer, alive=alive)
     if resume:
         server.load_state(resume)
     interrupted = False
@@ -69,8 +80,12 @@ def run_engine(
     except KeyboardInterrupt:
         interrupted = True  # the caller writes what it has, then reports the interrupt
     finally:
-        stop_workers(store, procs, max(server.current, start))  # also when stopped during start-up
-        server.collect_records(upto=server.current, final=True)
+        if asynchronous:
+            server.finish()  # stops the workers, writes what they still report
+            join_or_kill(procs)
+        else:
+            stop_workers(store, procs, max(server.current, start))  # also during start-up
+            server.collect_records(upto=server.current, final=True)
         writer.close()
         if run_dir is not None and server.next_iteration > start:
             save_state(run_dir, server.state(server.next_iteration))
@@ -105,12 +120,35 @@ def worker_spec(
     )
 
 
-def spawn_workers(cfg: EngineConfig, port: int) -> list[mp.Process]:
+def async_worker_spec(
+    cfg: EngineConfig, worker_id: int, store_host: str, port: int, bind: str
+) -> AsyncWorkerSpec:
+    return AsyncWorkerSpec(
+        worker_id=worker_id,
+        num_workers=cfg.workers,
+        store_host=store_host,
+        store_port=port,
+        bind_host=bind,
+        workload=cfg.workload,
+        batch_size=cfg.batch_size,
+        micro_batches=cfg.micro_batches,
+        stragglers=cfg.stragglers,
+        time_scale=cfg.time_scale,
+        seed=cfg.seed,
+        iterations=cfg.iterations,
+        timeout_s=cfg.timeout_s,
+    )
+
+
+def spawn_workers(cfg: EngineConfig, port: int, asynchronous: bool = False) -> list[mp.Process]:
     ctx = mp.get_context("spawn")
+    make_spec, main = (
+        (async_worker_spec, async_worker_main) if asynchronous else (worker_spec, worker_main)
+    )
     procs = []
     for w in range(cfg.workers):
-        spec = worker_spec(cfg, w + 1, cfg.host, port, cfg.host)
-        proc = ctx.Process(target=worker_main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
+        spec = make_spec(cfg, w + 1, cfg.host, port, cfg.host)
+        proc = ctx.Process(target=main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
         proc.start()
         procs.append(proc)
     return procs
@@ -155,9 +193,18 @@ class Torchrun:
 
 
 def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
-    """Body of a worker rank under torchrun."""
+    """Body of a worker rank under torchrun; the server's policy mode (in the store) says which
+    worker loop to run."""
     tr.check(cfg.workers)
-    worker_main(worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
+    P.quiet_c10d_logs()
+    try:
+        mode = P.open_store(tr.addr, tr.port, False, cfg.timeout_s).get(A.MODE_KEY).decode()
+    except dist.DistError:
+        raise WorkerError(f"no word from the server within {cfg.timeout_s:g} s") from None
+    if mode == "k-async":
+        async_worker_main(async_worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
+    else:
+        worker_main(worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
 
 
 def stop_workers(store, procs: list[mp.Process], current: int, grace_s: float = 10.0) -> None:
@@ -170,6 +217,11 @@ def stop_workers(store, procs: list[mp.Process], current: int, grace_s: float = 
             store.set(P.cut_key(current), "1")
     except RuntimeError:
         pass  # the store is gone: workers will notice and exit on their own
+    join_or_kill(procs, grace_s)
+
+
+def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
+    """Wait (bounded) for the workers to exit, then terminate, then kill."""
     deadline = time.monotonic() + grace_s
     for proc in procs:
         proc.join(max(deadline - time.monotonic(), 0.1))

@@ -1,5 +1,5 @@
 """``bdsgd train`` end to end: exact-c admission with a slow worker, the JSON contract, errors,
-resume after the server is killed, Ctrl-C."""
+resume after the server is killed, Ctrl-C; the same for an asynchronous policy."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_slow_worker_rows_are_censored_at_the_cut(slow_worker_train):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("--policy", "async"), "asynchronous"),
+        (("--policy", "k-batch-sync:1"), "k-batch-sync"),
         (("--policy", "oracle"), "oracle"),
         (("--policy", "static:2", "--no-out"), "--out"),
     ],
@@ -147,7 +147,7 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def start_train(tmp: Path, iterations: int) -> subprocess.Popen:
+def start_train(tmp: Path, iterations: int, policy: str = "static:2") -> subprocess.Popen:
     replay = write_replay_trace(tmp / "replay", [[0.02, 0.01, 0.015]])
     return subprocess.Popen(
         [
@@ -158,7 +158,7 @@ def start_train(tmp: Path, iterations: int) -> subprocess.Popen:
             "--iterations",
             str(iterations),
             "--policy",
-            "static:2",
+            policy,
             "--traces",
             str(tmp / "traces"),
             "--out",
@@ -227,3 +227,44 @@ def test_ctrl_c_keeps_what_was_written(tmp_path):
     rows = TraceStore(tmp_path / "traces").read()
     assert rows["iteration"].max() == summary["iterations"] - 1
     wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
+
+
+# -- asynchronous policies --------------------------------------------------------------------
+def test_async_ctrl_c_keeps_what_was_written_and_resumes(tmp_path):
+    """adasync under Ctrl-C, then --resume for ten more updates (with the JSON contract)."""
+    proc = start_train(tmp_path, iterations=400, policy="adasync")
+    try:
+        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        workers = [p for p in children_of(proc.pid) if running(p)]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    done_before = summary["iterations"]
+    assert summary["interrupted"] and 25 <= done_before < 400
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert its["iteration"] == list(range(done_before))
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.filter(~pl.col("censored")).height >= sum(its["c"])
+    wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
+
+    more = str(done_before + 10)
+    done = bdsgd("train", "--resume", str(tmp_path / "run"), "--iterations", more, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(summary) - {"run_id"} == SPEC_KEYS
+    assert summary["policy"] == "adasync" and summary["iterations"] == done_before + 10
+    assert summary["throughput"] > 0 and math.isfinite(summary["final_loss"])
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert its["iteration"] == list(range(done_before + 10))
+    assert all(s is not None and s >= 0 for s in its["staleness"])
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["mean_staleness"] == pytest.approx(sum(its["staleness"]) / len(its["c"]))
+    rows = TraceStore(tmp_path / "traces").read()  # validates: no computation written twice
+    assert rows["run_id"].unique().to_list() == [summary["run_id"]]
+    for w in range(3):  # each worker's computations numbered without a gap across the resume
+        js = sorted(rows.filter(pl.col("worker") == w)["iteration"].to_list())
+        assert js == list(range(len(js)))

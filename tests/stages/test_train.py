@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stages.errors import CheckpointError, ConfigError
-from stages.train import TrainConfig, build_policy, load_state, resume_config, time_to_loss
+from stages.store import TraceStore
+from stages.train import (
+    TrainConfig,
+    build_policy,
+    check_resumable,
+    load_state,
+    replay_async_history,
+    resume_config,
+    time_to_loss,
+)
 
 
 def test_time_to_loss_smooths_before_comparing():
@@ -45,11 +55,32 @@ def test_train_config_rejects_bad_values(tmp_path, bad):
         config(tmp_path, **bad)
 
 
-@pytest.mark.parametrize("policy", ["async", "k-async:2", "oracle"])
+@pytest.mark.parametrize("policy", ["k-batch-sync:2", "oracle"])
 def test_train_refuses_policies_it_cannot_run(tmp_path, policy):
     cfg = config(tmp_path, policy=policy)
     with pytest.raises(ConfigError):
         build_policy(cfg, ("h",) * 4)
+
+
+@pytest.mark.parametrize("policy", ["async", "k-async:2", "adasync"])
+def test_train_runs_asynchronous_policies(tmp_path, policy):
+    assert build_policy(config(tmp_path, policy=policy), ("h",) * 4).mode == "k-async"
+
+
+@pytest.mark.parametrize(("workers", "updates"), [(4, 100), (8, 300), (3, 40)])
+def test_adasync_reaches_k_equal_n_in_the_last_stage_of_the_updates(tmp_path, workers, updates):
+    cfg = config(tmp_path, policy="adasync", workers=workers, iterations=updates)
+    policy = build_policy(cfg, ("h",) * workers)
+    ks = [policy.choose(np.ones(workers, dtype=bool)) for _ in range(updates)]
+    assert ks[0] == 1 and ks[-1] == workers
+    assert ks.index(workers) > updates // 2  # the stages are spread over the run
+
+
+def test_resume_refuses_a_checkpoint_of_the_other_mode(tmp_path):
+    asynchronous = build_policy(config(tmp_path, policy="async"), ("h",) * 4)
+    with pytest.raises(CheckpointError, match="sync run"):
+        check_resumable({"version": 1}, asynchronous, tmp_path)
+    check_resumable({"version": 1, "mode": "k-async"}, asynchronous, tmp_path)
 
 
 def test_config_round_trips_through_the_run_dir(tmp_path):
@@ -65,3 +96,17 @@ def test_resume_without_state_is_refused(tmp_path):
         load_state(tmp_path)
     with pytest.raises(ConfigError):
         resume_config(tmp_path)
+
+
+def test_async_resume_continues_after_every_row_written(tmp_path, trace_rows):
+    """Rows written after the checkpoint (the server was killed later) are kept: each worker's
+    next computation comes after its last row; adasync's schedule counts the logged updates."""
+    rows = trace_rows(iterations=5, workers=2, run_id="r")
+    cells = zip(rows["iteration"], rows["worker"], strict=True)
+    keep = [i for i, (t, w) in enumerate(cells) if w == 0 or t < 2]
+    TraceStore(tmp_path / "t").append({k: [v[i] for i in keep] for k, v in rows.items()})
+    policy = build_policy(config(tmp_path, policy="adasync:2", workers=2), ("h",) * 2)
+    state = {"live": [True, True], "next_j": [3, 1], "log": {"workers": [2, 2, 2]}}
+    replay_async_history(policy, tmp_path / "t", "r", state)
+    assert state["next_j"] == [5, 2]
+    assert policy.applied == 1 + 1 + 2  # K of the three logged updates

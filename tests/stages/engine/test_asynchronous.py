@@ -1,0 +1,131 @@
+"""The engine's asynchronous mode (:func:`run_engine` with a ``k-async`` policy) with tiny
+configs: exactly K gradients per update, a slow worker's gradients applied late (stale), trace
+rows per computation, a worker killed mid-run."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from stages.engine.launch import STATE_FILE, run_engine
+from stages.engine.server import EngineConfig
+from stages.policies.asynchronous import KAsync
+from stages.store import TraceStore
+from tests.stages.engine import write_replay_trace
+from tests.stages.engine.test_engine import kill_worker_at
+
+SLOW_S, FAST_S = 0.3, 0.01
+
+
+class RecordingKAsync(KAsync):
+    """``k-async:K`` that keeps every observation."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.observed: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        self.observed.append((runtimes.copy(), censored.copy()))
+
+
+def engine_config(**overrides) -> EngineConfig:
+    values = dict(
+        workers=3,
+        iterations=24,
+        run_id="async-test",
+        source="train",
+        batch_size=8,
+        micro_batches=2,
+        record_batch=8,
+        timeout_s=20.0,
+        hosts=("h0", "h1", "h2"),
+    )
+    return EngineConfig(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def slow_worker_run(tmp_path_factory):
+    """k-async:2 of 3 workers; worker 2's injected delay is 0.3 s, the others' 10 ms."""
+    tmp = tmp_path_factory.mktemp("async")
+    replay = write_replay_trace(tmp / "replay", [[FAST_S, FAST_S, SLOW_S]])
+    cfg = engine_config(stragglers=f"replay:{replay}")
+    policy = RecordingKAsync(2)
+    result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None, run_dir=tmp / "run")
+    rows = TraceStore(tmp / "traces").read().sort("worker", "iteration")
+    return cfg, policy, result, rows, tmp / "run"
+
+
+def test_every_update_applies_exactly_k_gradients(slow_worker_run):
+    cfg, policy, result, _, _ = slow_worker_run
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert result.log["c"] == [2] * cfg.iterations
+    assert result.log["lr"] == pytest.approx([cfg.lr * 2 / 3] * cfg.iterations)
+    assert len(policy.observed) == cfg.iterations
+    for _, censored in policy.observed:
+        assert (~censored).sum() == 2  # the two senders exactly, everyone else censored
+    assert max(result.log["iteration_s"]) < SLOW_S  # no update waited for the slow worker
+    assert not result.interrupted and not result.dead_workers
+
+
+def test_slow_worker_gradients_are_applied_late(slow_worker_run):
+    _, policy, result, _, _ = slow_worker_run
+    staleness = np.asarray(result.log["staleness"])
+    with_slow = np.array([not censored[2] for _, censored in policy.observed])
+    assert with_slow.any()
+    # the slow gradient was read many updates earlier; fast pairs are fresh (a fast worker
+    # that kept computing through the slow worker's update lands one update late)
+    assert (staleness[with_slow] >= 2).all()
+    assert (staleness[~with_slow] <= 0.5).all()
+    assert np.median(staleness[~with_slow]) == 0
+
+
+def test_trace_rows_are_one_per_computation(slow_worker_run):
+    cfg, _, result, rows, _ = slow_worker_run
+    assert rows["source"].unique().to_list() == ["train"]
+    assert rows["policy"].unique().to_list() == ["k-async:2"]
+    assert rows["cutoff"].unique().to_list() == [2]
+    for w in range(cfg.workers):
+        mine = rows.filter(pl.col("worker") == w)
+        assert mine["iteration"].to_list() == list(range(mine.height))  # j = 0, 1, 2, ...
+        assert not mine["censored"][:-1].any()  # only the last one may have been cut short
+    finished = rows.filter(~pl.col("censored"))
+    applied = sum(result.log["c"])
+    assert applied <= finished.height <= applied + cfg.workers  # + those that came too late
+    slow = finished.filter(pl.col("worker") == 2)
+    assert slow.height >= 1 and (slow["runtime_s"] >= SLOW_S).all()
+    assert slow["injected_delay_s"].to_list() == pytest.approx([SLOW_S] * slow.height)
+    assert result.rows_written == rows.height
+
+
+def test_async_server_state_loads_with_weights_only(slow_worker_run):
+    cfg, _, result, rows, run_dir = slow_worker_run
+    state = torch.load(run_dir / STATE_FILE, weights_only=True)
+    assert state["mode"] == "k-async" and state["next_iteration"] == cfg.iterations
+    assert state["log"]["staleness"] == result.log["staleness"]
+    written = rows.group_by("worker").agg(pl.len()).sort("worker")["len"].to_list()
+    assert state["next_j"] == written
+
+
+@pytest.fixture(scope="module")
+def killed_worker_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("async-killed")
+    cfg = engine_config(iterations=30, stragglers="synthetic:base_s=0.01")
+    policy = RecordingKAsync(3)
+    result = run_engine(cfg, policy, tmp / "traces", kill_worker_at(8, "bdsgd-worker-1"))
+    return cfg, result, TraceStore(tmp / "traces").read()
+
+
+def test_async_run_survives_a_killed_worker(killed_worker_run):
+    cfg, result, rows = killed_worker_run
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert list(result.dead_workers) == [1]
+    assert 8 <= result.dead_workers[1] <= 10
+    assert result.log["workers"][-1] == 2 and result.log["c"][-1] == 2  # K capped to the live
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+    dead = rows.filter(pl.col("worker") == 1).sort("iteration")
+    assert dead["iteration"].to_list() == list(range(dead.height))
+    assert dead.height <= 11 and dead["censored"][-1]  # its last computation never finished
