@@ -25,7 +25,11 @@ SPEC_KEYS = (
 @click.command()
 @click.option("--workers", type=int, help="Number of worker processes N.")
 @click.option("--iterations", type=int, help="Iterations T (with --resume: extend the run to T).")
-@click.option("--policy", help="full, static:C, elfving, ecdf, ewma or bdsgd.")
+@click.option(
+    "--policy",
+    help="Cutoff: full, static:C, elfving, ecdf, ewma, bdsgd; asynchronous: k-async:K, async, "
+    "adasync[:G] (--iterations then counts updates).",
+)
 @click.option(
     "--traces", type=click.Path(file_okay=False), help="Trace store the rows are appended to."
 )
@@ -70,7 +74,8 @@ SPEC_KEYS = (
 @options.json_out
 @run_stage
 def train(json_out: bool, resume: str | None, **kwargs) -> None:
-    """Cutoff-controlled synchronous SGD: apply the first c gradients, drop the stragglers,
+    """SGD through a parameter server: apply the first c gradients and drop the stragglers
+    (cutoff policies), or apply every K arrivals while stragglers keep computing (asynchronous);
     append every observation (censored ones too) to the traces."""
     from stages.train import run_train
 

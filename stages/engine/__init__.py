@@ -15,4 +15,10 @@ TCPStore for control and a gloo (CPU) process group for tensors. Every iteration
 Workers append their own per-iteration record to a store key per batch of iterations; the server
 turns those into schema-v1 trace rows off the critical path. A worker that dies poisons a gloo
 context, so the server rebuilds the group among the survivors (a new "generation").
+
+Asynchronous policies (``k-async:K``, ``async``, ``adasync``) run a second server/worker pair
+(``async_server.py``, ``async_worker.py``, keys in ``async_protocol.py``): each worker computes
+continuously, takes a ticket from one global arrival counter when its gradient is ready and sends
+it over its own two-member gloo group; the server applies every K arrivals and sends fresh
+parameters to those K senders only, so stragglers keep computing and land late (stale).
 """
