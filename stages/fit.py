@@ -1,7 +1,8 @@
 """``bdsgd fit``: train the deep generative run-time model on a trace store and save a checkpoint.
 
 Each run's last ``holdout`` share of iterations is held out; SVI (ELBO, ClippedAdam) trains on
-random windows of the first part of every run, then :mod:`stages.model.evaluate` scores the
+random windows of the first part of every run and of a copy of it cut off as a cutoff policy
+would (see :func:`policy_censored`: the model is used on censored data, so it learns from some), then :mod:`stages.model.evaluate` scores the
 held-out part for the model and the ``window``/``ewma`` baselines, and the checkpoint is written.
 """
 
@@ -64,6 +65,8 @@ class FitConfig:
     """Width of the networks."""
     unknown_p: float = 0.1
     """Chance a worker/host is shown as "unknown" in a training window, to learn that embedding."""
+    censor_copy: bool = True
+    """Also train on a copy of every run censored as a cutoff policy would censor it."""
     eval_samples: int = 256
     """Monte Carlo latent samples per held-out step for the model's joint predictive."""
     threads: int = 1
@@ -129,7 +132,9 @@ def _fit(config: FitConfig, runs: list[RunMatrix], began: float) -> FitResult:
     check_writable(config.checkpoint)
     train_runs = [_head(r, split(r.shape[0], config.holdout)) for r in runs]
     model, norm, vocab = _setup_model(config, train_runs, prior)
-    losses = train(model, [_tensors(r, norm, vocab) for r in train_runs], config)
+    rng = np.random.default_rng(config.seed)
+    shown = train_runs + [policy_censored(r, rng) for r in train_runs if config.censor_copy]
+    losses = train(model, [_tensors(r, norm, vocab) for r in shown], config)
     ckpt = Checkpoint(model, norm, vocab, runs[-1].hosts, _plain(config), {})
     report = None
     if config.holdout > 0:
@@ -149,6 +154,24 @@ def _fit(config: FitConfig, runs: list[RunMatrix], began: float) -> FitResult:
 def _tensors(run: RunMatrix, norm: Normaliser, vocab: Vocab) -> RunTensors:
     workers = vocab.worker_index(list(range(run.shape[1])))
     return to_tensors(run, norm, workers, vocab.host_index(list(run.hosts)))
+
+
+def policy_censored(run: RunMatrix, rng: np.random.Generator, jitter: int = 3) -> RunMatrix:
+    """A copy of ``run`` censored as a cutoff policy would: at every iteration the first c of
+    the present, uncensored run-times arrive, c the best c / x_(c) of that iteration moved by up
+    to ``jitter`` either way; later ones are censored at x_(c). The censoring depends only on the
+    iteration's own arrivals, so the censored likelihood stays exact."""
+    x = np.where(run.present & ~run.censored, run.runtimes, np.inf)
+    ordered = np.sort(x, axis=1)
+    counts = np.isfinite(ordered).sum(axis=1)
+    rate = np.arange(1, x.shape[1] + 1) / ordered
+    best = rate.argmax(axis=1) + 1 + rng.integers(-jitter, jitter + 1, size=x.shape[0])
+    c = np.clip(best, np.minimum(counts, 1), counts)
+    cut = np.take_along_axis(ordered, np.maximum(c - 1, 0)[:, None], axis=1)
+    late = run.present & (run.runtimes > cut)
+    runtimes = np.where(late, np.minimum(run.runtimes, cut), run.runtimes)
+    censored = run.censored | late
+    return RunMatrix(f"{run.run_id}-cut", runtimes, censored, run.present, run.hosts)
 
 
 def _load_runs(traces: Path) -> list[RunMatrix]:
@@ -217,15 +240,8 @@ def _mask_unknown(batch: RunTensors, p: float, rng: np.random.Generator) -> RunT
     n = batch.worker_idx.numel()
     keep_w = torch.as_tensor(rng.random(n) >= p)
     keep_h = torch.as_tensor(rng.random(n) >= p)
-    return RunTensors(
-        batch.y,
-        batch.censored,
-        batch.present,
-        batch.ewma,
-        batch.sd,
-        batch.feats,
-        batch.worker_idx * keep_w,
-        batch.host_idx * keep_h,
+    return dataclasses.replace(
+        batch, worker_idx=batch.worker_idx * keep_w, host_idx=batch.host_idx * keep_h
     )
 
 

@@ -9,11 +9,16 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
 
 - ``e_t``: slow EWMA mean (alpha_slow) and ``v_t`` its EWMA variance: the ``ewma`` baseline;
 - ``r_t``: fast EWMA mean (alpha_fast) minus ``e_t``: a regime change the slow mean lags behind;
-- ``q_t``: the mean of ``r_t`` over the worker's host: host-correlated slowdowns.
+- ``q_t``: the mean of ``r_t`` over the worker's host: host-correlated slowdowns;
+- ``l_t``: the last value minus ``e_t`` (a step the EWMAs have not caught up with), its median
+  over the worker's host and over all workers (robust to one worker's spike: a host's regime
+  switch moves the host median, a spike does not), and ``|l_t|``;
+- ``c_t``: the share of the worker's host that was censored at the last iteration.
 
 A censored value u (y >= u) is replaced by the truncated-normal mean
 ``E[y | y >= u] = e + sd phi(a) / Phi(-a)``, ``a = (u - e) / sd``, and ignored when u < e - sd,
-where it says almost nothing; missing entries leave the state unchanged.
+where it says almost nothing (for ``l_t`` it is always used); missing entries leave the state
+unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from stages.store import RunMatrix
 
 ALPHA_SLOW = 0.1
 ALPHA_FAST = 0.5
-NUM_FEATURES = 3
+NUM_FEATURES = 8
 INIT_VAR = 0.25
 MIN_VAR = 1e-4
 
@@ -61,25 +66,54 @@ def host_groups(hosts: list[str] | tuple[str, ...]) -> torch.Tensor:
     return torch.tensor([names[h] for h in hosts], dtype=torch.long)
 
 
+def group_table(groups: torch.Tensor) -> torch.Tensor:
+    """(G, M) long: the workers of each group, padded with N (a slot that is always NaN)."""
+    n = groups.numel()
+    num = int(groups.max()) + 1 if n else 0
+    members = [torch.nonzero(groups == g).flatten() for g in range(num)]
+    width = max((m.numel() for m in members), default=0)
+    table = torch.full((num, width), n, dtype=torch.long)
+    for g, m in enumerate(members):
+        table[g, : m.numel()] = m
+    return table
+
+
+def group_median(values: torch.Tensor, valid: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """(N,) -> (G,) median of the valid values of each group (0 for a group with none)."""
+    padded = torch.cat([torch.where(valid, values, torch.nan), values.new_full((1,), torch.nan)])
+    return torch.nanmedian(padded[table], dim=-1).values.nan_to_num(0.0)
+
+
 class HistoryFilter:
     """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
 
     def __init__(self, groups: torch.Tensor):
         n = groups.numel()
         self.groups = groups
-        self.num_groups = int(groups.max()) + 1 if n else 0
+        self.table = group_table(groups)
+        self.all = torch.arange(n + 1).unsqueeze(0)
         self.slow = torch.zeros(n)
         self.fast = torch.zeros(n)
+        self.last = torch.zeros(n)
+        self.last_censored = torch.zeros(n)
         self.var = torch.full((n,), INIT_VAR)
         self.seen = torch.zeros(n, dtype=torch.bool)
 
+    def _host_mean(self, values: torch.Tensor) -> torch.Tensor:
+        count = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, self.seen.float())
+        total = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, values * self.seen)
+        return (total / count.clamp(min=1.0))[self.groups]
+
     def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(e, sd, f): slow mean (N,), spread (N,), features (N, 3) = [r, q, e]."""
+        """(e, sd, f): slow mean (N,), spread (N,), features (N, NUM_FEATURES) =
+        [r, q, e, l, l_host, l_all, |l|, c_host] (see the module docstring)."""
         r = (self.fast - self.slow) * self.seen
-        total = torch.zeros(self.num_groups).index_add_(0, self.groups, r)
-        count = torch.zeros(self.num_groups).index_add_(0, self.groups, self.seen.float())
-        q = (total / count.clamp(min=1.0))[self.groups]
-        return self.slow, self.var.sqrt(), torch.stack([r, q, self.slow], dim=-1)
+        lag = (self.last - self.slow) * self.seen
+        l_host = group_median(lag, self.seen, self.table)[self.groups]
+        l_all = group_median(lag, self.seen, self.all).expand_as(lag)
+        feats = [r, self._host_mean(r), self.slow, lag, l_host, l_all, lag.abs()]
+        feats.append(self._host_mean(self.last_censored))
+        return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1)
 
     def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
         """Fold in one iteration of normalised log run-times (see the module docstring)."""
@@ -92,7 +126,10 @@ class HistoryFilter:
         log_phi = -0.5 * a**2 - 0.5 * math.log(2 * math.pi)
         truncated = self.slow + sd * torch.exp(log_phi - torch.special.log_ndtr(-a))
         target = torch.where(censored, truncated, y)
-        use = present & self.seen & ~first & (~censored | (a > -1.0))
+        seen_now = present & self.seen
+        self.last = torch.where(seen_now, target, self.last)
+        self.last_censored = torch.where(seen_now, censored.float(), self.last_censored)
+        use = seen_now & ~first & (~censored | (a > -1.0))
         diff = torch.where(use, target - self.slow, torch.zeros_like(y))
         self.slow = self.slow + ALPHA_SLOW * diff
         var = (1 - ALPHA_SLOW) * (self.var + ALPHA_SLOW * diff**2)
@@ -112,6 +149,8 @@ class RunTensors:
     feats: torch.Tensor
     worker_idx: torch.Tensor
     host_idx: torch.Tensor
+    groups: torch.Tensor
+    """(N,) long: each worker's host among this run's distinct hosts (:func:`host_groups`)."""
 
 
 def run_history(
@@ -137,8 +176,9 @@ def to_tensors(
     raw = np.where(present.numpy(), run.runtimes, 1.0)
     y = torch.as_tensor(norm.normalise(raw), dtype=torch.float32) * present
     censored = torch.as_tensor(run.censored) & present
-    e, sd, f = run_history(y, censored, present, host_groups(run.hosts))
-    return RunTensors(y, censored, present, e, sd, f, worker_idx, host_idx)
+    groups = host_groups(run.hosts)
+    e, sd, f = run_history(y, censored, present, groups)
+    return RunTensors(y, censored, present, e, sd, f, worker_idx, host_idx, groups)
 
 
 def sample_windows(
@@ -164,4 +204,5 @@ def sample_windows(
         cut(run.feats),
         run.worker_idx,
         run.host_idx,
+        run.groups,
     )

@@ -18,7 +18,7 @@ import torch
 from stages.errors import ConfigError
 from stages.model.checkpoint import Checkpoint, load_checkpoint
 from stages.model.data import HistoryFilter, Normaliser, host_groups
-from stages.model.runtime_model import RuntimeModel
+from stages.model.runtime_model import RuntimeModel, host_membership
 
 DEFAULT_PARTICLES = 64
 
@@ -41,7 +41,10 @@ class RuntimePredictor:
         self.hosts = tuple(hosts)
         self.num_workers = len(hosts)
         self.gen = torch.Generator().manual_seed(seed if seed is not None else 0)
-        self.hist = HistoryFilter(host_groups(hosts))
+        self.groups = host_groups(hosts)
+        self.member = host_membership(self.groups)
+        self.present = torch.ones(self.num_workers, dtype=torch.bool)
+        self.hist = HistoryFilter(self.groups)
         with torch.inference_mode():
             self.params = model.head(worker_idx, host_idx)
             self.emb_proj = model.encoder.embed(self.params.emb)
@@ -53,8 +56,10 @@ class RuntimePredictor:
     @torch.inference_mode()
     def _refresh(self) -> None:
         """Cache the z-free emission terms for the next iteration from the history features."""
-        self.ewma, self.sd, feats = self.hist.features()
-        self.loc0, self.pre0 = self.model.emitter.base(self.params, self.ewma, feats)
+        self.ewma, sd, feats = self.hist.features()
+        self.base = self.model.emitter.base(
+            self.params, self.ewma, sd, feats, self.present, self.member
+        )
 
     def _normalise(self, runtimes, censored) -> tuple[torch.Tensor, ...]:
         """(y, censored, present) tensors of one iteration's (N,) run-times and flags."""
@@ -81,6 +86,7 @@ class RuntimePredictor:
         self.z_chain = loc + scale * torch.randn(loc.shape, generator=self.gen)
         self.z_now = self.z_chain
         self.hist.update(y, cens, present)
+        self.present = present
         self._refresh()
 
     def _next_y_params(self, num_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,14 +94,14 @@ class RuntimePredictor:
         z = self.z_now[torch.arange(num_samples) % self.z_now.shape[0]]
         loc, scale = self.model.transition(z)
         z_next = loc + scale * torch.randn(loc.shape, generator=self.gen)
-        return self.model.emitter(z_next, self.params, self.loc0, self.pre0, self.sd)
+        return self.model.emitter(z_next, self.params, self.base)
 
     @torch.inference_mode()
     def sample(self, num_samples: int) -> torch.Tensor:
         """(S, N) joint samples of the next iteration's run-times, seconds (float32). The result
         is an inference tensor: read or copy it, do not modify it in place."""
         loc, scale = self._next_y_params(num_samples)
-        y = self.model.emitter.sample(loc, scale, self.params, self.gen)
+        y = self.model.emitter.sample(loc, scale, self.params, self.base, self.groups, self.gen)
         return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
 
     @torch.inference_mode()
@@ -108,7 +114,10 @@ class RuntimePredictor:
         with log p(x) = log p(y) - log s - log x for uncensored entries (the Jacobian)."""
         y, cens, present = self._normalise(runtimes, censored)
         loc, scale = self._next_y_params(num_samples)
-        ll = (self.model.emitter.log_lik(y, cens, loc, scale, self.params) * present).sum(-1)
+        emitter = self.model.emitter
+        ll = emitter.joint_log_lik(
+            y, cens, present, loc, scale, self.params, self.base, self.member
+        )
         joint = float(torch.logsumexp(ll.double(), 0)) - math.log(num_samples)
         exact = present & ~cens
         log_x = y * self.norm.scale + self.norm.loc

@@ -10,8 +10,8 @@ Generative model (one window of L iterations, N workers)::
     y_{t,w} | z_t ~ (1 - pi_w) N(loc, scale^2) + pi_w N(loc + d_w, (k_w scale)^2),
                     independent over workers given z_t                      Emitter
         loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
-        scale = sd_{t,w} * softplus(c_w + h_w . f_{t,w} + phi(z_t) . C_w)
-        (a, g, B, c, h, C, pi, d, k)_w = MLP(worker_emb[w] + host_emb[host(w)])   WorkerHead
+        scale = sd_{t,w}^(1 + b_w) * softplus(c_w + h_w . f_{t,w} + phi(z_t) . C_w)
+        (a, g, B, c, h, C, pi, d, k, b)_w = MLP(worker_emb[w] + host_emb[host(w)])   WorkerHead
 
 So ``x = exp(m + s y)`` is log-normal given ``z_t``, plus a rare slower, wider log-normal
 component (heavy-tailed spikes: d_w > 0, k_w > 1, pi_w starts near 2%) that keeps the bulk sharp.
@@ -19,7 +19,9 @@ Sharing ``z_t`` (and host embeddings) makes the workers' run-times jointly depen
 emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the per-worker MLP runs once
 per worker set and sampling is one matmul. The history features give every worker the ``ewma``
 baseline as a starting point (``loc = e``, ``scale = sd`` when the learned terms are zero); the
-latent state and the host feature add what is shared across workers and regime changes.
+exponent ``b_w`` lets the model discount the EWMA spread (inflated for a while after every regime
+switch); the latent state and the host features add what is shared across workers and regime
+changes.
 
 Censoring: an entry known only as ``y >= u`` contributes ``log P(y >= u)``, for each component
 ``log Phi((loc - u) / scale)``, mixed by log-sum-exp; a missing entry (present = False)
@@ -112,7 +114,8 @@ class Combiner(nn.Module):
 class WorkerParams:
     """Per-worker emission parameters, computed once per worker set: a, c (N,); g, h (N, F);
     B, C (N, phi_dim); the tail component's log pi, log(1 - pi), shift d and widening k (N,);
-    emb (N, emb_dim) for the encoder."""
+    the spread exponent 1 + b (N,); the host jump's size J, logit bias u (N,) and feature
+    weights j (N, F); emb (N, emb_dim) for the encoder."""
 
     a: torch.Tensor
     g: torch.Tensor
@@ -124,12 +127,17 @@ class WorkerParams:
     log_1m_pi: torch.Tensor
     shift: torch.Tensor
     widen: torch.Tensor
+    sd_power: torch.Tensor
+    jump: torch.Tensor
+    jump_bias: torch.Tensor
+    jump_w: torch.Tensor
     emb: torch.Tensor
 
 
 class WorkerHead(nn.Module):
-    """(a, g, B, c, h, C, pi, d, k)_w = MLP(worker_emb[w] + host_emb[host(w)]); index 0 is the
-    unknown worker/host. At initialisation pi ~ 0.018, d = 1, k = 2."""
+    """(a, g, B, c, h, C, pi, d, k, b, J, u, j)_w = MLP(worker_emb[w] + host_emb[host(w)]);
+    index 0 is the unknown worker/host. At initialisation pi ~ 0.018, d = 1, k = 2, b = 0,
+    J = 1 and a host jumps with probability ~ 0.007."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -137,7 +145,8 @@ class WorkerHead(nn.Module):
         self.host_emb = nn.Embedding(cfg.num_hosts + 1, cfg.emb_dim)
         nn.init.normal_(self.worker_emb.weight, std=0.1)
         nn.init.normal_(self.host_emb.weight, std=0.1)
-        self.sizes = [1, NUM_FEATURES, cfg.phi_dim, 1, NUM_FEATURES, cfg.phi_dim, 3]
+        f, p = NUM_FEATURES, cfg.phi_dim
+        self.sizes = [1, f, p, 1, f, p, 6, f]
         self.mlp = nn.Sequential(
             nn.Linear(cfg.emb_dim, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, sum(self.sizes))
         )
@@ -146,7 +155,7 @@ class WorkerHead(nn.Module):
 
     def forward(self, worker_idx: torch.Tensor, host_idx: torch.Tensor) -> WorkerParams:
         emb = self.worker_emb(worker_idx) + self.host_emb(host_idx)
-        a, g, B, c, h, C, tail = self.mlp(emb).split(self.sizes, dim=-1)
+        a, g, B, c, h, C, tail, j = self.mlp(emb).split(self.sizes, dim=-1)
         logit = tail[..., 0] - 4.0
         return WorkerParams(
             a=a[..., 0],
@@ -159,30 +168,58 @@ class WorkerHead(nn.Module):
             log_1m_pi=F.logsigmoid(-logit),
             shift=F.softplus(tail[..., 1] + SOFTPLUS_ONE),
             widen=1.0 + F.softplus(tail[..., 2] + SOFTPLUS_ONE),
+            sd_power=1.0 + tail[..., 3],
+            jump=F.softplus(tail[..., 4] + SOFTPLUS_ONE),
+            jump_bias=tail[..., 5] - 5.0,
+            jump_w=j,
             emb=emb,
         )
 
 
+@dataclass(frozen=True)
+class EmissionBase:
+    """The z-free parts of the emission at one or more iterations, (..., N): loc0 = e + a + g.f,
+    the scale's pre-activation c + h.f, its factor sd^(1 + b), and each host's jump logit
+    (mean over the host's present workers of u + j.f), repeated for every worker of the host."""
+
+    loc0: torch.Tensor
+    pre0: torch.Tensor
+    scale0: torch.Tensor
+    jump_logit: torch.Tensor
+
+
+def host_membership(groups: torch.Tensor) -> torch.Tensor:
+    """(N, G) one-hot: worker w belongs to host group groups[w]."""
+    return F.one_hot(groups, int(groups.max()) + 1 if groups.numel() else 0).float()
+
+
 class Emitter(nn.Module):
-    """p(y_t | z_t): independent two-component normal mixtures per worker given z_t (see the
-    module docstring)."""
+    """p(y_t | z_t): per-worker two-component normal mixtures, independent given z_t and the
+    hosts' jump indicators, which are summed out exactly (see the module docstring)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.phi = nn.Sequential(nn.Linear(cfg.z_dim, cfg.phi_dim), nn.Tanh())
 
     @staticmethod
-    def base(params: WorkerParams, ewma: torch.Tensor, feats: torch.Tensor):
-        """z-free parts: loc0 = e + a + g.f and the scale's pre-activation c + h.f, (..., N)."""
-        loc0 = ewma + params.a + (feats * params.g).sum(-1)
-        pre0 = params.c + (feats * params.h).sum(-1) + SOFTPLUS_ONE
-        return loc0, pre0
+    def base(params: WorkerParams, ewma, sd, feats, present, member) -> EmissionBase:
+        """The z-free emission terms from the history features; ``member`` (N, G)."""
+        worker_logit = params.jump_bias + (feats * params.jump_w).sum(-1)
+        shown = present.float()
+        count = (shown @ member).clamp(min=1.0)
+        host_logit = ((worker_logit * shown) @ member) / count
+        return EmissionBase(
+            loc0=ewma + params.a + (feats * params.g).sum(-1),
+            pre0=params.c + (feats * params.h).sum(-1) + SOFTPLUS_ONE,
+            scale0=torch.exp(sd.log() * params.sd_power),
+            jump_logit=host_logit @ member.T,
+        )
 
-    def forward(self, z: torch.Tensor, params: WorkerParams, loc0, pre0, sd):
-        """loc, scale of y given z: z (..., K) -> (..., N)."""
+    def forward(self, z: torch.Tensor, params: WorkerParams, base: EmissionBase):
+        """loc, scale of y given z and no host jump: z (..., K) -> (..., N)."""
         phi = self.phi(z)
-        loc = loc0 + phi @ params.B.T
-        scale = sd * F.softplus(pre0 + phi @ params.C.T) + 1e-3
+        loc = base.loc0 + phi @ params.B.T
+        scale = base.scale0 * F.softplus(base.pre0 + phi @ params.C.T) + 1e-3
         return loc, scale
 
     @staticmethod
@@ -192,13 +229,32 @@ class Emitter(nn.Module):
         tail = censored_normal_log_lik(y, censored, loc + params.shift, scale * params.widen)
         return torch.logaddexp(bulk + params.log_1m_pi, tail + params.log_pi)
 
+    @classmethod
+    def joint_log_lik(cls, y, censored, present, loc, scale, params, base, member):
+        """sum over present entries of log p(y_w | z), each host's jump summed out:
+        sum_h log((1 - rho_h) prod_w p(y_w) + rho_h prod_w p(y_w | jump)), (..., N) -> (...)."""
+        shown = present.float()
+        calm = (cls.log_lik(y, censored, loc, scale, params) * shown) @ member
+        jumped = (cls.log_lik(y, censored, loc + params.jump, scale, params) * shown) @ member
+        # every worker of a host carries the host's logit: read it at one member per host
+        first = member.argmax(0)
+        logit = base.jump_logit[..., first]
+        mixed = torch.logaddexp(calm + F.logsigmoid(-logit), jumped + F.logsigmoid(logit))
+        return mixed.sum(-1)
+
     @staticmethod
-    def sample(loc, scale, params: WorkerParams, gen: torch.Generator | None = None):
-        """Draws of y with the shapes of ``loc``: the tail component with probability pi."""
+    def sample(loc, scale, params: WorkerParams, base: EmissionBase, groups, gen=None):
+        """Draws of y with the shapes of ``loc``: each host jumps with its probability, each
+        worker takes the tail component with probability pi."""
+        num_hosts = int(groups.max()) + 1
+        first = host_membership(groups).argmax(0)
+        host_u = torch.rand((*loc.shape[:-1], num_hosts), generator=gen)
+        jumps = (host_u < torch.sigmoid(base.jump_logit[..., first]))[..., groups]
         is_tail = torch.rand(loc.shape, generator=gen).log_() < params.log_pi
         noise = torch.randn(loc.shape, generator=gen)
         widen = torch.where(is_tail, params.widen, 1.0)
-        return loc + is_tail * params.shift + noise.mul_(scale).mul_(widen)
+        shift = is_tail * params.shift + jumps * params.jump
+        return loc + shift + noise.mul_(scale).mul_(widen)
 
 
 def censored_normal_log_lik(
@@ -248,11 +304,15 @@ class RuntimeModel(nn.Module):
         self.z_q_init = nn.Parameter(torch.zeros(cfg.z_dim))
 
     def emission_log_lik(self, z: torch.Tensor, data: RunTensors, params: WorkerParams):
-        """sum over present entries of log p(y_{t,w} | z_t): z (B, L, K) -> (B,)."""
-        loc0, pre0 = self.emitter.base(params, data.ewma, data.feats)
-        loc, scale = self.emitter(z, params, loc0, pre0, data.sd)
-        ll = self.emitter.log_lik(data.y, data.censored, loc, scale, params)
-        return (ll * data.present).sum((-1, -2))
+        """sum over present entries of log p(y_{t,w} | z_t), host jumps summed out:
+        z (B, L, K) -> (B,)."""
+        member = host_membership(data.groups)
+        base = self.emitter.base(params, data.ewma, data.sd, data.feats, data.present, member)
+        loc, scale = self.emitter(z, params, base)
+        ll = self.emitter.joint_log_lik(
+            data.y, data.censored, data.present, loc, scale, params, base, member
+        )
+        return ll.sum(-1)
 
     def model(self, data: RunTensors) -> None:
         """p(z_{1:L}) p(y_{1:L} | z_{1:L}) for a batch of windows (B, L, N)."""

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from stages.errors import CheckpointError, ConfigError, TraceError
-from stages.fit import FitConfig, run_fit
+from stages.fit import FitConfig, policy_censored, run_fit
 from stages.model.checkpoint import load_checkpoint
 from stages.model.predictor import load_predictor
-from stages.store import TraceStore
+from stages.store import RunMatrix, TraceStore
 from stages.stragglers import SyntheticCluster
 from tests.stages.model.clusters import write_run
 
@@ -108,3 +108,21 @@ def test_bad_init_fails_before_training(tmp_path):
     with pytest.raises(CheckpointError):
         run_fit(_config(tmp_path, init=tmp_path / "bad.pt"))
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_policy_censored_copy_cuts_each_iteration_at_its_cth_arrival():
+    x = SyntheticCluster(seed=1, hosts=2, p_slow=0.2).delays(50, 6)
+    present = np.ones_like(x, dtype=bool)
+    present[3, 2] = False
+    run = RunMatrix("r", x, np.zeros_like(present), present, ("a", "b") * 3)
+    cut = policy_censored(run, np.random.default_rng(0))
+    assert np.all(cut.runtimes <= x) and np.array_equal(cut.present, present)
+    for t in range(50):
+        arrived = present[t] & ~cut.censored[t]
+        late = present[t] & cut.censored[t]
+        assert arrived.sum() >= 1
+        np.testing.assert_array_equal(cut.runtimes[t, arrived], x[t, arrived])
+        if late.any():
+            assert np.all(cut.runtimes[t, late] == x[t, arrived].max())
+            assert x[t, late].min() >= x[t, arrived].max()
+    assert cut.censored.any() and not cut.censored.all()

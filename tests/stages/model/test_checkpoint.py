@@ -8,6 +8,7 @@ import torch
 
 from stages.errors import CheckpointError
 from stages.model.checkpoint import (
+    VERSION,
     Checkpoint,
     Vocab,
     grown_state_dict,
@@ -43,16 +44,17 @@ def test_round_trip_gives_the_same_predictions(tmp_path):
 def test_file_is_plain_data_for_weights_only_load(tmp_path):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "bdsgd-runtime-model" and payload["version"] == 1
+    assert payload["format"] == "bdsgd-runtime-model" and payload["version"] == VERSION
     assert payload["model_config"]["num_workers"] == 4
     assert all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values())
 
 
-def test_wrong_version_is_one_clear_error(tmp_path):
+@pytest.mark.parametrize("version", [1, 99])
+def test_wrong_version_is_one_clear_error(tmp_path, version):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
-    torch.save({**payload, "version": 99}, path)
-    with pytest.raises(CheckpointError, match="version 99 is not supported"):
+    torch.save({**payload, "version": version}, path)
+    with pytest.raises(CheckpointError, match=f"version {version} is not supported"):
         load_checkpoint(path)
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stages.model.data import HistoryFilter, Normaliser, host_groups, sample_windows, to_tensors
+from stages.model.data import (
+    NUM_FEATURES,
+    HistoryFilter,
+    Normaliser,
+    host_groups,
+    sample_windows,
+    to_tensors,
+)
 from stages.policies.estimators import EwmaLogNormal
 from stages.store import RunMatrix
 from tests.stages.model.clusters import drifting_cluster
@@ -24,7 +31,7 @@ def test_slow_history_feature_is_the_ewma_baseline():
     mu, sigma = ewma.params()
     np.testing.assert_allclose(e.numpy(), mu, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sd.numpy(), sigma, rtol=1e-4)
-    assert feats.shape == (5, 3)
+    assert feats.shape == (5, NUM_FEATURES)
 
 
 def test_host_feature_is_shared_by_a_host_and_missing_entries_change_nothing():
@@ -56,4 +63,18 @@ def test_windows_come_from_one_run_and_keep_its_worker_set():
         )
     batch = sample_windows(runs, 8, 4, np.random.default_rng(0))
     n = batch.worker_idx.numel()
-    assert batch.y.shape == (4, 8, n) and batch.feats.shape == (4, 8, n, 3)
+    assert batch.y.shape == (4, 8, n) and batch.feats.shape == (4, 8, n, NUM_FEATURES)
+
+
+def test_last_step_features_follow_a_host_step_but_not_one_workers_spike():
+    hist = HistoryFilter(host_groups(["a", "a", "a", "b", "b", "b"]))
+    ok, everyone = torch.zeros(6, dtype=torch.bool), torch.ones(6, dtype=torch.bool)
+    for _ in range(5):
+        hist.update(torch.zeros(6), ok, everyone)
+    hist.update(torch.tensor([2.0, 2.0, 2.0, 5.0, 0.0, 0.0]), ok, everyone)
+    feats = hist.features()[2]
+    lag, host, cluster = feats[:, 3], feats[:, 4], feats[:, 5]
+    # the slow EWMA has moved by alpha_slow of each step, the last value all of it
+    torch.testing.assert_close(lag, 0.9 * torch.tensor([2.0, 2.0, 2.0, 5.0, 0.0, 0.0]))
+    torch.testing.assert_close(host, 0.9 * torch.tensor([2.0, 2.0, 2.0, 0.0, 0.0, 0.0]))
+    assert torch.all(cluster == cluster[0]) and 0.0 <= cluster[0] <= 1.8

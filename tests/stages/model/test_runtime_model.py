@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,8 +11,13 @@ import pytest
 import torch
 from pyro import poutine
 
-from stages.model.data import Normaliser, sample_windows, to_tensors
-from stages.model.runtime_model import ModelConfig, RuntimeModel, censored_normal_log_lik
+from stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
+from stages.model.runtime_model import (
+    ModelConfig,
+    RuntimeModel,
+    censored_normal_log_lik,
+    host_membership,
+)
 from stages.policies.estimators import lognormal_logpdf_or_logsf
 from stages.store import RunMatrix
 from tests.stages.model.clusters import drifting_cluster
@@ -90,3 +96,52 @@ def test_mixture_emission_mixes_densities_and_survivals_analytically():
         )
         torch.testing.assert_close(got, mix.log(), rtol=1e-5, atol=1e-5)
     assert torch.all(shift > 0) and torch.all(widen > 1) and torch.all(pi < 0.05)
+
+
+def _emission_parts(groups: torch.Tensor):
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    params = model.head(torch.arange(1, 5), torch.tensor([1, 2, 1, 2]))
+    member = host_membership(groups)
+    n = groups.numel()
+    feats = torch.randn(n, NUM_FEATURES)
+    base = model.emitter.base(
+        params,
+        torch.zeros(n),
+        torch.full((n,), 0.5),
+        feats,
+        torch.ones(n, dtype=torch.bool),
+        member,
+    )
+    return model, params, member, base
+
+
+def test_host_jumps_are_summed_out_exactly_per_host():
+    groups = torch.tensor([0, 1, 0, 1])
+    model, params, member, base = _emission_parts(groups)
+    y = torch.tensor([0.4, 2.5, 1.9, -0.3])
+    cens = torch.tensor([False, False, True, False])
+    present = torch.tensor([True, True, True, False])
+    loc, scale = torch.tensor([0.1, 0.2, 0.0, 0.3]), torch.tensor([0.5, 0.6, 0.4, 0.5])
+    got = model.emitter.joint_log_lik(y, cens, present, loc, scale, params, base, member)
+    per = model.emitter.log_lik
+    calm, jumped = per(y, cens, loc, scale, params), per(y, cens, loc + params.jump, scale, params)
+    expected = 0.0
+    for host in (0, 1):
+        rows = (groups == host) & present
+        rho = torch.sigmoid(base.jump_logit[groups == host][0])
+        mix = (1 - rho) * calm[rows].sum().exp() + rho * jumped[rows].sum().exp()
+        expected = expected + mix.log()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.all(base.jump_logit[groups == 0] == base.jump_logit[0])
+
+
+def test_a_host_jump_moves_every_worker_of_that_host_together():
+    groups = torch.tensor([0, 1, 0, 1])
+    model, params, _, base = _emission_parts(groups)
+    sure = torch.where(groups == 0, 50.0, -50.0)
+    base = dataclasses.replace(base, jump_logit=sure)
+    never_tail = dataclasses.replace(params, log_pi=torch.full((4,), -1e9))
+    loc, scale = torch.zeros(64, 4), torch.full((64, 4), 1e-6)
+    y = model.emitter.sample(loc, scale, never_tail, base, groups, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(y, torch.where(groups == 0, params.jump, 0.0).expand(64, 4))
