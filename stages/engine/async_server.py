@@ -68,6 +68,7 @@ class AsyncServer:
         self.live = np.ones(n, dtype=bool)
         self.waiting = np.zeros(n, dtype=bool)  # gradient taken, waits for the update's params
         self.began = np.zeros(n)  # perf_counter when its current computation's params were sent
+        self.began_wall = np.zeros(n)  # the same moment, wall clock (trace rows' start_s)
         self.current_j = np.zeros(n, dtype=int)  # index of its current computation
         self.next_j = np.zeros(n, dtype=int)  # index of its next computation
         self.written_j = np.zeros(n, dtype=int)  # 1 + the last computation with a trace row
@@ -85,6 +86,7 @@ class AsyncServer:
         self.finishing = False
         self.wall_offset = 0.0
         self.t0 = self.last_end = time.perf_counter()
+        self.t0_epoch = time.time()  # the trace clock's origin (the store's "t0", as the workers')
         self.grad_buf = torch.zeros(
             A.GRAD_HEADER + parameters_to_vector(self.model.parameters()).numel()
         )
@@ -204,7 +206,8 @@ class AsyncServer:
         for w in map(int, workers):
             j = int(self.next_j[w])
             payload = A.pack_params(vector, self.version, j)
-            self.began[w], self.current_j[w], self.next_j[w] = time.perf_counter(), j, j + 1
+            self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
+            self.current_j[w], self.next_j[w] = j, j + 1
             try:
                 self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
             except (RuntimeError, dist.DistError):
@@ -244,6 +247,7 @@ class AsyncServer:
     # -- start, liveness, end -----------------------------------------------------------------
     def connect(self) -> None:
         """Wait (bounded) for every live worker, then build each one's pair group."""
+        self.t0_epoch = float(self.store.get("t0").decode())
         deadline = time.monotonic() + self.cfg.timeout_s
         while self.store.add(A.READY, 0) < int(self.live.sum()):
             if time.monotonic() > deadline:
@@ -327,7 +331,7 @@ class AsyncServer:
     def add_censored(self, w: int) -> None:
         """Worker w's current computation, censored at the time it has run so far."""
         elapsed = time.perf_counter() - self.began[w]
-        start = self.began[w] - self.t0
+        start = self.began_wall[w] - self.t0_epoch
         self.add_row(w, int(self.current_j[w]), start, elapsed, True, 0.0)
 
     def add_row(self, w: int, j: int, start_s, runtime_s, censored: bool, delay_s) -> None:
