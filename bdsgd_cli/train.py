@@ -63,6 +63,7 @@ SPEC_KEYS = (
     show_default=True,
     help="Fixed cost per iteration given to the policy, seconds, or 'auto' to measure it.",
 )
+@options.explore
 @click.option(
     "--resume",
     "resume",

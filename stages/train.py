@@ -74,6 +74,8 @@ class TrainConfig:
     """Stop with an error when fewer workers than this remain alive."""
     overhead_s: float | None = None
     """Fixed cost per iteration fed to the policy; None measures it while running."""
+    explore: float = 0.0
+    """Fraction of iterations in which a learning cutoff policy waits for every worker."""
     record_batch: int = 25
     """Iterations per trace batch and per server checkpoint."""
     eval_every: int = 10
@@ -94,6 +96,8 @@ class TrainConfig:
             raise ConfigError("--lr, --timeout must be > 0")
         if self.batch_size < self.micro_batches or self.micro_batches < 1:
             raise ConfigError("--batch-size must be at least the number of micro-batches")
+        if not 0.0 <= self.explore < 1.0:
+            raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
 
     def engine(self, run_id: str) -> EngineConfig:
         hosts = engine_hosts(self.stragglers, self.seed, self.time_scale, self.workers)
@@ -157,6 +161,7 @@ def build_policy(cfg: TrainConfig, hosts: tuple[str, ...]) -> Policy:
         seed=cfg.seed,
         iterations=computations_per_worker(cfg.iterations, cfg.workers),
         overhead_s=cfg.overhead_s or 0.0,
+        explore=cfg.explore,
     )
     if policy.mode == "k-batch-sync":
         raise ConfigError(

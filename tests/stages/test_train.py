@@ -48,6 +48,7 @@ def config(tmp_path, **overrides) -> TrainConfig:
         dict(min_workers=5),
         dict(batch_size=2, micro_batches=4),
         dict(lr=0.0),
+        dict(explore=1.0),
     ],
 )
 def test_train_config_rejects_bad_values(tmp_path, bad):
@@ -65,6 +66,14 @@ def test_train_refuses_policies_it_cannot_run(tmp_path, policy):
 @pytest.mark.parametrize("policy", ["async", "k-async:2", "adasync"])
 def test_train_runs_asynchronous_policies(tmp_path, policy):
     assert build_policy(config(tmp_path, policy=policy), ("h",) * 4).mode == "k-async"
+
+
+def test_explore_wraps_learning_cutoff_policies(tmp_path):
+    from stages.policies.explore import Exploring
+
+    policy = build_policy(config(tmp_path, policy="ewma", explore=0.1), ("h",) * 4)
+    assert isinstance(policy, Exploring) and policy.fraction == 0.1
+    assert not isinstance(build_policy(config(tmp_path, explore=0.1), ("h",) * 4), Exploring)
 
 
 @pytest.mark.parametrize(("workers", "updates"), [(4, 100), (8, 300), (3, 40)])
