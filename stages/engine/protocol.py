@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,34 @@ def pack_grad(vector: torch.Tensor, runtime_s: float, loss: float, worker: int) 
     return torch.cat([torch.tensor([runtime_s, loss, float(worker)]), vector])
 
 
+def pack_params_of(params: Iterable[torch.Tensor], t: int, cutoff: int) -> torch.Tensor:
+    """:func:`pack_params` of a model's parameters in one copy (no flat vector in between)."""
+    header = torch.tensor([float(t), float(cutoff)])
+    return torch.cat([header, *(p.detach().reshape(-1) for p in params)])
+
+
+def flat_views(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Views into ``flat`` shaped like each parameter, in :func:`parameters_to_vector` order."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
+
+def bind_flat(params: Iterable[torch.Tensor], data: torch.Tensor, grads: torch.Tensor) -> None:
+    """Make each parameter a view into ``data`` and its gradient a view into ``grads``, so a
+    payload is received into the model and a gradient sent from it without copies. The values
+    move into ``data``; gradients start at zero (backward accumulates into the views in place,
+    and ``zero_grad(set_to_none=False)`` keeps them)."""
+    params = list(params)
+    for p, d, g in zip(params, flat_views(data, params), flat_views(grads, params), strict=True):
+        d.copy_(p.detach())
+        p.data = d
+        g.zero_()
+        p.grad = g
+
+
 @dataclass(frozen=True)
 class Record:
     """One worker's account of one iteration (what becomes a trace row)."""
@@ -99,6 +128,25 @@ def wait_key(store: dist.Store, key: str, timeout_s: float) -> bool:
         return True
     except dist.DistStoreError:
         return False
+
+
+def wait_keys(store: dist.Store, keys: list[str], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` until every one of ``keys`` exists (one round trip when they
+    do); False on timeout."""
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        return True
+    except dist.DistStoreError:
+        return False
+
+
+def get_key(store: dist.Store, key: str) -> bytes | None:
+    """``key``'s value once it exists, waiting up to the store's own timeout (one call: a
+    TCPStore ``get`` waits for the key); None on timeout. A store that went away raises."""
+    try:
+        return store.get(key)
+    except dist.DistStoreError:
+        return None
 
 
 def wait_key_until(store: dist.Store, key: str, deadline: float, slice_s: float = 0.5) -> bool:

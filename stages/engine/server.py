@@ -1,5 +1,5 @@
 """The parameter server loop. One iteration reads top to bottom in :meth:`Server.iteration`:
-choose c, send parameters, admit c gradients in ticket order, step, tell the policy."""
+choose c, send parameters, admit the c ticketed gradients, step, tell the policy."""
 
 from __future__ import annotations
 
@@ -55,6 +55,15 @@ def engine_config(stage_cfg, **values) -> EngineConfig:
     return EngineConfig(**{**shared, **values})
 
 
+def sgd(params, lr: float, momentum: float) -> torch.optim.SGD:
+    """torch's SGD, fused where the parameters allow: the same arithmetic in fewer kernels."""
+    params = list(params)
+    try:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True)
+    except RuntimeError:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
 @dataclass
 class IterationLog:
     """What the server keeps per iteration (metrics for the run dir, facts for trace rows)."""
@@ -84,7 +93,7 @@ class Server:
             alive,
         )
         self.workload, self.model = workload, workload.model
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        self.opt = sgd(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
         self.live = np.ones(cfg.workers, dtype=bool)
         self.dead_at: dict[int, int] = {}
         self.generation, self.group, self.members = -1, None, [0]
@@ -99,9 +108,11 @@ class Server:
         self.overhead = 0.0
         self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
         self.t0 = time.perf_counter()
-        self.grad_buf = torch.zeros(
-            P.GRAD_HEADER + parameters_to_vector(self.model.parameters()).numel()
-        )
+        size = parameters_to_vector(self.model.parameters()).numel()
+        self.grad_bufs: list[torch.Tensor] = []  # one receive buffer per admitted gradient
+        self.grad_size = P.GRAD_HEADER + size
+        self.flat_grad = torch.zeros(size)  # the admitted gradients' sum, then their mean
+        self.grad_views = P.flat_views(self.flat_grad, self.model.parameters())
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
@@ -132,7 +143,7 @@ class Server:
     # -- steps of an iteration ----------------------------------------------------------------
     def announce(self, t: int, c: int) -> None:
         """New generation if the live set changed, then parameters to every live worker."""
-        members = [0] + [int(w) + 1 for w in np.flatnonzero(self.live)]
+        members = [0, *(np.flatnonzero(self.live) + 1).tolist()]
         if members != self.members:
             self.generation += 1
             self.store.set(P.members_key(self.generation), P.encode_members(members))
@@ -142,39 +153,69 @@ class Server:
                 self.store, self.generation, members, 0, self.cfg.host, self.cfg.timeout_s
             )
             self.members = members
-        payload = P.pack_params(parameters_to_vector(self.model.parameters()).detach(), t, c)
+        payload = P.pack_params_of(self.model.parameters(), t, c)
         self.pending_sends = [
             self.group.send([payload], r, P.PARAMS_TAG) for r in range(1, len(members))
         ]
         self.sent[t] = self.live.copy()
 
     def admit(self, t: int, c: int) -> tuple[list[tuple[int, float, float]], torch.Tensor | None]:
-        """Receive gradients in ticket order until c are in (or no live worker can send more)."""
-        admitted, grad_sum = [], None
-        deadline = time.monotonic() + self.cfg.timeout_s
-        for ticket in range(1, c + 1):
-            wid = self.wait_arrival(t, ticket, deadline)
-            if wid is None:
-                break
-            self.group.recv([self.grad_buf], self.members.index(wid), P.GRAD_TAG).wait()
-            runtime, loss, worker = self.grad_buf[: P.GRAD_HEADER].tolist()
+        """Receive the gradients of tickets 1..c (or of as many as were taken once workers died
+        or timed out), summed into the model's gradient."""
+        recvs = self.post_receives(c)
+        taken = self.wait_tickets(t, c)
+        admitted = []
+        for work, buf in recvs[:taken]:
+            work.wait()
+            runtime, loss, worker = buf[: P.GRAD_HEADER].tolist()
             admitted.append((int(worker), runtime, loss))
-            g = self.grad_buf[P.GRAD_HEADER :]
-            grad_sum = g.clone() if grad_sum is None else grad_sum.add_(g)
-        if len(admitted) < c:
+            if len(admitted) == 1:
+                self.flat_grad.copy_(buf[P.GRAD_HEADER :])
+            else:
+                self.flat_grad.add_(buf[P.GRAD_HEADER :])
+        if taken < c:
+            self.grad_bufs = []  # receives left posted in this group may still land: new buffers
             self.store.set(P.cut_key(t), "1")  # close the iteration for whoever is still out
-        return admitted, grad_sum
+        return admitted, (self.flat_grad if admitted else None)
 
-    def wait_arrival(self, t: int, ticket: int, deadline: float) -> int | None:
-        """The worker id holding ``ticket``, or None once fewer live workers remain than tickets."""
+    def post_receives(self, c: int) -> list[tuple[dist.Work, torch.Tensor]]:
+        """c any-source receives, posted before the gradients are sent: a gloo send waits for
+        its receive, so admitted workers' sends complete as they arrive, in any order (each
+        payload names its worker)."""
+        while len(self.grad_bufs) < c:
+            self.grad_bufs.append(torch.zeros(self.grad_size))
+        bufs = self.grad_bufs[:c]
+        return [(self.group.recv_anysource([buf], P.GRAD_TAG), buf) for buf in bufs]
+
+    def wait_tickets(self, t: int, c: int) -> int:
+        """How many of tickets 1..c were taken: all c, in one store wait while every worker is
+        alive; after a death or a timeout, ticket by ticket."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        keys = [P.arrival_key(t, ticket) for ticket in range(1, c + 1)]
+        while not P.wait_keys(self.store, keys, 0.05):
+            if self.reap() or time.monotonic() > deadline:
+                return self.count_tickets(t, c, deadline)
+        return c
+
+    def count_tickets(self, t: int, c: int, deadline: float) -> int:
+        """Tickets taken in order until one cannot come (see :meth:`wait_arrival`)."""
+        taken = 0
+        while taken < c and self.wait_arrival(t, taken + 1, deadline):
+            taken += 1
+        return taken
+
+    def wait_arrival(self, t: int, ticket: int, deadline: float) -> bool:
+        """Whether ``ticket`` is taken; False once fewer live workers remain than tickets, or
+        at the deadline (then the workers without a ticket are declared dead)."""
         key = P.arrival_key(t, ticket)
         while not P.wait_key(self.store, key, 0.05):
-            if self.reap() and ticket > int(self.live.sum()):
-                return None
+            self.reap()
+            if ticket > int(self.live.sum()):
+                return False
             if time.monotonic() > deadline:
                 self.declare_dead(self.unfinished(t), t)
-                return None
-        return int(self.store.get(key).decode())
+                return False
+        return True
 
     def apply(self, grad_sum: torch.Tensor | None, n: int) -> float:
         """Average the admitted gradients and step, with the learning rate scaled to n."""
@@ -183,10 +224,9 @@ class Server:
         lr = self.cfg.lr * scale
         if grad_sum is None:
             return lr
-        offset = 0
-        for p in self.model.parameters():
-            p.grad = (grad_sum[offset : offset + p.numel()] / n).view_as(p)
-            offset += p.numel()
+        torch.div(grad_sum, n, out=self.flat_grad)
+        for p, g in zip(self.model.parameters(), self.grad_views, strict=True):
+            p.grad = g
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.opt.step()

@@ -1,7 +1,9 @@
 """The worker loop: wait for parameters, wait out the injected delay, compute the gradient, take a
 ticket, send the gradient if admitted, record the iteration. Stragglers abandon an iteration as
 soon as its cut key appears (during the delay at once, during computation at the next
-micro-batch boundary)."""
+micro-batch boundary). When every worker sent the iteration is admitted (c = their number) no
+ticket can cut anyone, so the computation skips those checks; a server that gives up on such an
+iteration (a death, a timeout, Ctrl-C) still has receives posted for its late senders."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from stages.engine import protocol as P
 from stages.stragglers import parse_stragglers
@@ -51,9 +53,13 @@ class Worker:
         self.delays = delays.delays(spec.iterations, spec.num_workers)[:, self.w]
         self.store = P.open_store(spec.store_host, spec.store_port, False, spec.timeout_s)
         self.t0_epoch = float(self.store.get("t0").decode())  # the server's clock origin
-        self.generation, self.group = -1, None
-        self.params = torch.zeros(
-            P.PARAM_HEADER + parameters_to_vector(self.model.parameters()).numel()
+        self.generation, self.group, self.members = -1, None, [0]
+        size = parameters_to_vector(self.model.parameters()).numel()
+        # the model's parameters and gradients live inside the payloads: no copies per iteration
+        self.params = torch.zeros(P.PARAM_HEADER + size)
+        self.grad = torch.zeros(P.GRAD_HEADER + size)
+        P.bind_flat(
+            self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad[P.GRAD_HEADER :]
         )
 
     def run(self) -> None:
@@ -68,21 +74,22 @@ class Worker:
         self.store.add("workers_done", 1)
 
     def wait_for(self, key: str) -> str:
-        """Block (bounded) until the server announces; the server's death ends the wait."""
-        deadline = time.monotonic() + self.spec.timeout_s
-        if not P.wait_key_until(self.store, key, deadline):
+        """Block (bounded by the store's timeout) until the server announces; the server's death
+        ends the wait."""
+        value = P.get_key(self.store, key)
+        if value is None:
             raise TimeoutError(
                 f"worker {self.w}: no word from the server for {self.spec.timeout_s}s"
             )
-        return self.store.get(key).decode()
+        return value.decode()
 
     def join_generation(self, generation: int) -> None:
         if generation != self.generation:
-            members = P.decode_members(self.store.get(P.members_key(generation)))
+            self.members = P.decode_members(self.store.get(P.members_key(generation)))
             self.group = P.build_group(
                 self.store,
                 generation,
-                members,
+                self.members,
                 self.spec.worker_id,
                 self.spec.bind_host,
                 self.spec.timeout_s,
@@ -93,21 +100,21 @@ class Worker:
         """Run the announced iteration; returns the next iteration index."""
         self.group.recv([self.params], 0, P.PARAMS_TAG).wait()
         start, wall_start = time.perf_counter(), time.time()
-        t, cutoff = int(self.params[0]), int(self.params[1])
-        vector_to_parameters(self.params[P.PARAM_HEADER :], self.model.parameters())
+        t, cutoff = (int(v) for v in self.params[: P.PARAM_HEADER].tolist())
         delay = float(self.delays[t % len(self.delays)])
-        cut = P.wait_key(self.store, P.cut_key(t), delay)
-        grad, loss = (None, 0.0) if cut else self.gradient(t)
+        cut = delay > 0 and P.wait_key(self.store, P.cut_key(t), delay)
+        loss = None if cut else self.gradient(t, cuttable=cutoff < len(self.members) - 1)
         runtime = time.perf_counter() - start
-        censored = grad is None
-        if grad is not None:
-            self.submit(t, cutoff, grad, runtime, loss)
+        censored = loss is None
+        if loss is not None:
+            self.submit(t, cutoff, runtime, loss)
         rec = P.Record(t, wall_start - self.t0_epoch, runtime, censored, delay)
         self.store.append(P.record_key(self.w, t // self.spec.record_batch), rec.encode())
         return t + 1
 
-    def gradient(self, t: int) -> tuple[torch.Tensor | None, float]:
-        """Forward/backward micro-batch by micro-batch; None if the iteration is cut meanwhile."""
+    def gradient(self, t: int, cuttable: bool) -> float | None:
+        """Forward/backward micro-batch by micro-batch into the gradient payload; returns the
+        loss, or None if the iteration is cut meanwhile (checked only when ``cuttable``)."""
         self.model.zero_grad(set_to_none=False)
         x, y = self.workload.batch(self.gen, self.spec.batch_size)
         chunks = list(
@@ -115,17 +122,14 @@ class Worker:
         )
         total = 0.0
         for i, (xb, yb) in enumerate(chunks):
-            if i and self.store.check([P.cut_key(t)]):
-                return None, 0.0
+            if i and cuttable and self.store.check([P.cut_key(t)]):
+                return None
             loss = self.workload.loss(self.model(xb), yb) * (xb.shape[0] / x.shape[0])
             loss.backward()
             total += loss.item()
-        grads = [
-            p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()
-        ]
-        return torch.cat([g.reshape(-1) for g in grads]), total
+        return total
 
-    def submit(self, t: int, cutoff: int, grad: torch.Tensor, runtime: float, loss: float) -> None:
+    def submit(self, t: int, cutoff: int, runtime: float, loss: float) -> None:
         """Take a ticket; tickets 1..cutoff send their gradient, ticket ``cutoff`` cuts the rest."""
         ticket = self.store.add(P.ticket_key(t), 1)
         if ticket > cutoff:
@@ -133,8 +137,8 @@ class Worker:
         self.store.set(P.arrival_key(t, ticket), str(self.spec.worker_id))
         if ticket == cutoff:
             self.store.set(P.cut_key(t), "1")
-        payload = P.pack_grad(grad, runtime, loss, self.w)
-        self.group.send([payload], 0, P.GRAD_TAG).wait()
+        self.grad[: P.GRAD_HEADER] = torch.tensor([runtime, loss, float(self.w)])
+        self.group.send([self.grad], 0, P.GRAD_TAG).wait()
 
 
 def worker_main(spec: WorkerSpec) -> None:

@@ -1,10 +1,12 @@
 """The engine in this process (:func:`run_engine`) with tiny configs: admission of exactly c
-gradients, stragglers cut off and censored, learning-rate scaling, a worker killed mid-run."""
+gradients, stragglers cut off and censored, learning-rate scaling, a worker killed between
+iterations and one killed mid-iteration."""
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import threading
 
 import numpy as np
 import polars as pl
@@ -128,6 +130,17 @@ def test_apply_scales_the_learning_rate_with_c(scaling, factor):
     assert torch.allclose(before[0] - after[0].detach(), torch.full_like(before[0], lr))
 
 
+def test_apply_steps_even_after_the_model_gradients_were_set_to_none():
+    cfg = engine_config(lr_scaling="none", lr=0.1, momentum=0.0)
+    workload = load_workload("mlp")
+    server = Server(cfg, None, workload, StaticCutoff(2), None, alive=lambda w: True)
+    workload.model.zero_grad(set_to_none=True)
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    server.apply(torch.ones(sum(p.numel() for p in before)), 1)
+    for b, p in zip(before, workload.model.parameters(), strict=True):
+        assert torch.allclose(b - p.detach(), torch.full_like(b, 0.1))
+
+
 def kill_worker_at(iteration: int, name: str):
     def on_iteration(t: int, row: dict) -> None:
         if t == iteration:
@@ -177,3 +190,36 @@ def test_dead_worker_rows_stop_when_it_died(killed_worker_run):
     # after the death the policy sees the dead worker censored
     for _, censored in policy.observed[died + 1 :]:
         assert censored[1]
+
+
+@pytest.fixture(scope="module")
+def killed_mid_iteration_run(tmp_path_factory):
+    """static:4 of 4 (every gradient awaited); worker 1 is killed during its 3 s delay of
+    iteration 4, while the server's receives for that iteration are posted."""
+    tmp = tmp_path_factory.mktemp("mid")
+    delays = [[FAST_S] * 4 for _ in range(12)]
+    delays[4][1] = 3.0
+    replay = write_replay_trace(tmp / "replay", delays)
+    cfg = engine_config(iterations=12, stragglers=f"replay:{replay}")
+
+    def on_iteration(t: int, row: dict) -> None:
+        if t == 3:
+            victim = [p for p in multiprocessing.active_children() if p.name == "bdsgd-worker-1"]
+            threading.Timer(0.3, victim[0].kill).start()
+
+    result = run_engine(cfg, RecordingStatic(4), tmp / "traces", on_iteration)
+    return cfg, result, TraceStore(tmp / "traces").read()
+
+
+def test_a_worker_killed_mid_iteration_ends_it_with_the_others_gradients(killed_mid_iteration_run):
+    cfg, result, rows = killed_mid_iteration_run
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert result.dead_workers == {1: 4}
+    assert result.log["chosen_c"][4] == 4 and result.log["c"][4] == 3
+    assert result.log["iteration_s"][4] < 2.0  # not waiting out the dead worker's delay
+    assert result.log["c"][5:] == [3] * (cfg.iterations - 5)  # the new group carries on
+    dead = rows.filter(pl.col("worker") == 1).sort("iteration")
+    assert dead["iteration"].to_list() == list(range(5))
+    assert dead["censored"].to_list() == [False] * 4 + [True]
+    assert rows.filter(pl.col("worker") != 1).height == 3 * cfg.iterations
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]

@@ -1,8 +1,13 @@
-"""Pure unit tests of the engine protocol: store keys, payload packing, worker records."""
+"""Unit tests of the engine protocol: store keys, payload packing, worker records, flat buffers,
+bounded store waits."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector
 
 from stages.engine import protocol as P
 
@@ -64,3 +69,38 @@ def test_covers_finds_an_iteration_without_decoding():
     ).encode()
     assert P.Record.covers(blob, 3) and P.Record.covers(blob, 13)
     assert not P.Record.covers(blob, 1) and not P.Record.covers(blob, 23)
+
+
+def test_bind_flat_receives_into_the_model_and_accumulates_gradients_in_place():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    before = parameters_to_vector(model.parameters()).detach().clone()
+    data, grads = torch.zeros(before.numel()), torch.zeros(before.numel())
+    P.bind_flat(model.parameters(), data, grads)
+    assert torch.equal(data, before)  # the values moved into the buffer
+    data.add_(1.0)  # writing the buffer (a received payload) writes the model
+    assert torch.equal(parameters_to_vector(model.parameters()), before + 1.0)
+    x = torch.randn(5, 3)
+    for _ in range(2):  # two micro-batches accumulate into the same buffer
+        model(x).sum().backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.equal(grads, expected) and grads.abs().sum() > 0
+    model.zero_grad(set_to_none=False)
+    assert not grads.any()
+
+
+def test_pack_params_of_matches_pack_params():
+    model = torch.nn.Linear(3, 2)
+    vector = parameters_to_vector(model.parameters()).detach()
+    assert torch.equal(P.pack_params_of(model.parameters(), 4, 2), P.pack_params(vector, 4, 2))
+
+
+def test_store_waits_end_at_their_timeout():
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=0.2)
+    )
+    store.set("a", "1")
+    assert P.wait_keys(store, ["a"], 0.2)
+    assert not P.wait_keys(store, ["a", "b"], 0.05)
+    assert P.get_key(store, "a") == b"1"
+    assert P.get_key(store, "b") is None  # the store's own timeout bounds a get
