@@ -25,24 +25,13 @@ from torch.nn.utils import parameters_to_vector
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
-from stages.engine.server import EngineConfig
+from stages.engine.server import EngineConfig, IterationLog
 from stages.errors import WorkerError
 from stages.policies.base import Policy
 from stages.store import TraceWriter
 from stages.workloads import Workload
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after
-
-
-class UpdateLog:
-    """Per-update columns (the run dir's iterations table, plus chosen_c, start_s, busy_s)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, list] = {}
-
-    def add(self, **values) -> None:
-        for k, v in values.items():
-            self.rows.setdefault(k, []).append(v)
 
 
 class AsyncServer:
@@ -75,7 +64,7 @@ class AsyncServer:
         self.dead_at: dict[int, int] = {}
         self.groups: dict[int, dist.ProcessGroupGloo] = {}
         self.sends: dict[int, object] = {}  # pending parameter sends (keep their buffers alive)
-        self.log = UpdateLog()
+        self.log = IterationLog()
         self.version = 0  # updates applied
         self.cursor = 0  # arrival tickets handled
         self.hole: tuple[int, float] | None = None  # (ticket, since) of a ticket with no holder

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -20,31 +19,13 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
+from stages.engine.worker import WorkerSpec
 from stages.stragglers import parse_stragglers
 from stages.workloads import Workload, load_workload
 
 
-@dataclass(frozen=True)
-class AsyncWorkerSpec:
-    """Everything an asynchronous worker process needs; plain values so it crosses a spawn."""
-
-    worker_id: int  # process id 1..N; trace worker is worker_id - 1
-    num_workers: int
-    store_host: str
-    store_port: int
-    bind_host: str
-    workload: str
-    batch_size: int
-    micro_batches: int
-    stragglers: str
-    time_scale: float
-    seed: int
-    iterations: int
-    timeout_s: float
-
-
 class AsyncWorker:
-    def __init__(self, spec: AsyncWorkerSpec):
+    def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.w = spec.worker_id - 1
         torch.manual_seed(spec.seed)
@@ -125,7 +106,7 @@ class AsyncWorker:
         return torch.cat([g.reshape(-1) for g in grads]), total
 
 
-def async_worker_main(spec: AsyncWorkerSpec) -> None:
+def async_worker_main(spec: WorkerSpec) -> None:
     """Entry point of a spawned asynchronous worker. Ctrl-C is the server's to handle; a worker
     ends when told to stop or when the server goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

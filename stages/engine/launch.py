@@ -22,7 +22,7 @@ import torch.distributed as dist
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
 from stages.engine.async_server import AsyncServer
-from stages.engine.async_worker import AsyncWorkerSpec, async_worker_main
+from stages.engine.async_worker import async_worker_main
 from stages.engine.server import EngineConfig, Server
 from stages.engine.worker import WorkerSpec, default_bind_host, worker_main
 from stages.errors import ConfigError, WorkerError
@@ -120,34 +120,12 @@ def worker_spec(
     )
 
 
-def async_worker_spec(
-    cfg: EngineConfig, worker_id: int, store_host: str, port: int, bind: str
-) -> AsyncWorkerSpec:
-    return AsyncWorkerSpec(
-        worker_id=worker_id,
-        num_workers=cfg.workers,
-        store_host=store_host,
-        store_port=port,
-        bind_host=bind,
-        workload=cfg.workload,
-        batch_size=cfg.batch_size,
-        micro_batches=cfg.micro_batches,
-        stragglers=cfg.stragglers,
-        time_scale=cfg.time_scale,
-        seed=cfg.seed,
-        iterations=cfg.iterations,
-        timeout_s=cfg.timeout_s,
-    )
-
-
 def spawn_workers(cfg: EngineConfig, port: int, asynchronous: bool = False) -> list[mp.Process]:
     ctx = mp.get_context("spawn")
-    make_spec, main = (
-        (async_worker_spec, async_worker_main) if asynchronous else (worker_spec, worker_main)
-    )
+    main = async_worker_main if asynchronous else worker_main
     procs = []
     for w in range(cfg.workers):
-        spec = make_spec(cfg, w + 1, cfg.host, port, cfg.host)
+        spec = worker_spec(cfg, w + 1, cfg.host, port, cfg.host)
         proc = ctx.Process(target=main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
         proc.start()
         procs.append(proc)
@@ -201,10 +179,8 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
         mode = P.open_store(tr.addr, tr.port, False, cfg.timeout_s).get(A.MODE_KEY).decode()
     except dist.DistError:
         raise WorkerError(f"no word from the server within {cfg.timeout_s:g} s") from None
-    if mode == "k-async":
-        async_worker_main(async_worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
-    else:
-        worker_main(worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
+    main = async_worker_main if mode == "k-async" else worker_main
+    main(worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
 
 
 def stop_workers(store, procs: list[mp.Process], current: int, grace_s: float = 10.0) -> None:
