@@ -156,16 +156,19 @@ def _tensors(run: RunMatrix, norm: Normaliser, vocab: Vocab) -> RunTensors:
     return to_tensors(run, norm, workers, vocab.host_index(list(run.hosts)))
 
 
-def policy_censored(run: RunMatrix, rng: np.random.Generator, jitter: int = 3) -> RunMatrix:
+def policy_censored(
+    run: RunMatrix, rng: np.random.Generator, below: int = 8, above: int = 3
+) -> RunMatrix:
     """A copy of ``run`` censored as a cutoff policy would: at every iteration the first c of
-    the present, uncensored run-times arrive, c the best c / x_(c) of that iteration moved by up
-    to ``jitter`` either way; later ones are censored at x_(c). The censoring depends only on the
-    iteration's own arrivals, so the censored likelihood stays exact."""
+    the present, uncensored run-times arrive, c the best c / x_(c) of that iteration moved by
+    ``-below .. above`` (a policy that is unsure waits for fewer); later ones are censored at
+    x_(c). The censoring depends only on the iteration's own arrivals, so the censored likelihood
+    stays exact."""
     x = np.where(run.present & ~run.censored, run.runtimes, np.inf)
     ordered = np.sort(x, axis=1)
     counts = np.isfinite(ordered).sum(axis=1)
     rate = np.arange(1, x.shape[1] + 1) / ordered
-    best = rate.argmax(axis=1) + 1 + rng.integers(-jitter, jitter + 1, size=x.shape[0])
+    best = rate.argmax(axis=1) + 1 + rng.integers(-below, above + 1, size=x.shape[0])
     c = np.clip(best, np.minimum(counts, 1), counts)
     cut = np.take_along_axis(ordered, np.maximum(c - 1, 0)[:, None], axis=1)
     late = run.present & (run.runtimes > cut)

@@ -21,7 +21,7 @@ from stages.model.runtime_model import ModelConfig, RuntimeModel
 from stages.safe_load import first_line, load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
-VERSION = 2
+VERSION = 3
 
 
 @dataclass(frozen=True)

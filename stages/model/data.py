@@ -10,15 +10,21 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
 - ``e_t``: slow EWMA mean (alpha_slow) and ``v_t`` its EWMA variance: the ``ewma`` baseline;
 - ``r_t``: fast EWMA mean (alpha_fast) minus ``e_t``: a regime change the slow mean lags behind;
 - ``q_t``: the mean of ``r_t`` over the worker's host: host-correlated slowdowns;
-- ``l_t``: the last value minus ``e_t`` (a step the EWMAs have not caught up with), its median
-  over the worker's host and over all workers (robust to one worker's spike: a host's regime
-  switch moves the host median, a spike does not), and ``|l_t|``;
-- ``c_t``: the share of the worker's host that was censored at the last iteration.
+- ``l_t``: the last value minus ``e_t`` (a step the EWMAs have not caught up with), split into
+  ``l_t (1 - c_t)`` and ``l_t c_t`` with ``c_t`` the last value's censoring flag (a censored
+  last value is its bound u, taken as it is: the model learns what a bound says), and
+  ``|l_t| (1 - c_t)``;
+- the median of the uncensored ``l_t`` over the worker's host and over all workers (robust to one
+  worker's spike: a host's regime switch moves the host median, a spike does not).
+
+The censoring flags themselves are not features: whether a worker was cut off says as much about
+the policy that chose c as about the worker, and a model that learnt "censored means slow" from
+one policy's traces would talk another policy into waiting for ever fewer workers. The bound
+``u`` says what the censoring says about the worker.
 
 A censored value u (y >= u) is replaced by the truncated-normal mean
 ``E[y | y >= u] = e + sd phi(a) / Phi(-a)``, ``a = (u - e) / sd``, and ignored when u < e - sd,
-where it says almost nothing (for ``l_t`` it is always used); missing entries leave the state
-unchanged.
+where it says almost nothing; missing entries leave the state unchanged.
 """
 
 from __future__ import annotations
@@ -106,13 +112,15 @@ class HistoryFilter:
 
     def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(e, sd, f): slow mean (N,), spread (N,), features (N, NUM_FEATURES) =
-        [r, q, e, l, l_host, l_all, |l|, c_host] (see the module docstring)."""
+        [r, q, e, l (1 - c), l c, |l| (1 - c), l_host, l_all] (see the module docstring)."""
         r = (self.fast - self.slow) * self.seen
         lag = (self.last - self.slow) * self.seen
-        l_host = group_median(lag, self.seen, self.table)[self.groups]
-        l_all = group_median(lag, self.seen, self.all).expand_as(lag)
-        feats = [r, self._host_mean(r), self.slow, lag, l_host, l_all, lag.abs()]
-        feats.append(self._host_mean(self.last_censored))
+        cens = self.last_censored
+        exact = lag * (1 - cens)
+        known = self.seen & (cens == 0)
+        l_host = group_median(lag, known, self.table)[self.groups]
+        l_all = group_median(lag, known, self.all).expand_as(lag)
+        feats = [r, self._host_mean(r), self.slow, exact, lag * cens, exact.abs(), l_host, l_all]
         return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1)
 
     def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
@@ -127,7 +135,7 @@ class HistoryFilter:
         truncated = self.slow + sd * torch.exp(log_phi - torch.special.log_ndtr(-a))
         target = torch.where(censored, truncated, y)
         seen_now = present & self.seen
-        self.last = torch.where(seen_now, target, self.last)
+        self.last = torch.where(seen_now, y, self.last)
         self.last_censored = torch.where(seen_now, censored.float(), self.last_censored)
         use = seen_now & ~first & (~censored | (a > -1.0))
         diff = torch.where(use, target - self.slow, torch.zeros_like(y))

@@ -18,7 +18,7 @@ import torch
 from stages.errors import ConfigError
 from stages.model.checkpoint import Checkpoint, load_checkpoint
 from stages.model.data import HistoryFilter, Normaliser, host_groups
-from stages.model.runtime_model import RuntimeModel, host_membership
+from stages.model.runtime_model import HostIndex, RuntimeModel
 
 DEFAULT_PARTICLES = 64
 
@@ -41,10 +41,9 @@ class RuntimePredictor:
         self.hosts = tuple(hosts)
         self.num_workers = len(hosts)
         self.gen = torch.Generator().manual_seed(seed if seed is not None else 0)
-        self.groups = host_groups(hosts)
-        self.member = host_membership(self.groups)
+        self.host_index = HostIndex.of(host_groups(hosts))
         self.present = torch.ones(self.num_workers, dtype=torch.bool)
-        self.hist = HistoryFilter(self.groups)
+        self.hist = HistoryFilter(self.host_index.groups)
         with torch.inference_mode():
             self.params = model.head(worker_idx, host_idx)
             self.emb_proj = model.encoder.embed(self.params.emb)
@@ -58,7 +57,7 @@ class RuntimePredictor:
         """Cache the z-free emission terms for the next iteration from the history features."""
         self.ewma, sd, feats = self.hist.features()
         self.base = self.model.emitter.base(
-            self.params, self.ewma, sd, feats, self.present, self.member
+            self.params, self.ewma, sd, feats, self.present, self.host_index
         )
 
     def _normalise(self, runtimes, censored) -> tuple[torch.Tensor, ...]:
@@ -101,7 +100,7 @@ class RuntimePredictor:
         """(S, N) joint samples of the next iteration's run-times, seconds (float32). The result
         is an inference tensor: read or copy it, do not modify it in place."""
         loc, scale = self._next_y_params(num_samples)
-        y = self.model.emitter.sample(loc, scale, self.params, self.base, self.groups, self.gen)
+        y = self.model.emitter.sample(loc, scale, self.params, self.base, self.host_index, self.gen)
         return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
 
     @torch.inference_mode()
@@ -116,7 +115,7 @@ class RuntimePredictor:
         loc, scale = self._next_y_params(num_samples)
         emitter = self.model.emitter
         ll = emitter.joint_log_lik(
-            y, cens, present, loc, scale, self.params, self.base, self.member
+            y, cens, present, loc, scale, self.params, self.base, self.host_index
         )
         joint = float(torch.logsumexp(ll.double(), 0)) - math.log(num_samples)
         exact = present & ~cens

@@ -4,24 +4,28 @@ Notation: ``y_{t,w} = (log x_{t,w} - m) / s`` is worker w's normalised log run-t
 t; ``e, sd, f`` are its history features from ``y_{<t}`` (see :mod:`stages.model.data`);
 ``z_t in R^K`` is the latent cluster state.
 
-Generative model (one window of L iterations, N workers)::
+Generative model (one window of L iterations, N workers on hosts h(w))::
 
     z_t | z_{t-1} ~ N(mu(z_{t-1}), diag sigma(z_{t-1})^2)              GatedTransition
-    y_{t,w} | z_t ~ (1 - pi_w) N(loc, scale^2) + pi_w N(loc + d_w, (k_w scale)^2),
-                    independent over workers given z_t                      Emitter
+    j_{t,h} | f_t ~ Bernoulli(rho_{t,h}),  logit rho_{t,h} = mean_{w on h} (u_w + j_w . f_{t,w})
+    y_{t,w} | z_t, j_t ~ (1 - pi_w) N(m, scale^2) + pi_w N(m + d_w, (k_w scale)^2),
+                    m = loc + j_{t,h(w)} J_w, independent over workers given z_t, j_t  Emitter
         loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
         scale = sd_{t,w}^(1 + b_w) * softplus(c_w + h_w . f_{t,w} + phi(z_t) . C_w)
-        (a, g, B, c, h, C, pi, d, k, b)_w = MLP(worker_emb[w] + host_emb[host(w)])   WorkerHead
+        (a, g, B, c, h, C, pi, d, k, b, J, u, j)_w = MLP(worker_emb[w] + host_emb[host(w)])
 
 So ``x = exp(m + s y)`` is log-normal given ``z_t``, plus a rare slower, wider log-normal
 component (heavy-tailed spikes: d_w > 0, k_w > 1, pi_w starts near 2%) that keeps the bulk sharp.
-Sharing ``z_t`` (and host embeddings) makes the workers' run-times jointly dependent. The
-emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the per-worker MLP runs once
-per worker set and sampling is one matmul. The history features give every worker the ``ewma``
-baseline as a starting point (``loc = e``, ``scale = sd`` when the learned terms are zero); the
-exponent ``b_w`` lets the model discount the EWMA spread (inflated for a while after every regime
-switch); the latent state and the host features add what is shared across workers and regime
-changes.
+A host jump ``j_{t,h}`` slows every worker of host h at once by J_w (a host entering a slow
+spell: the next iteration's risk that a policy's c-th gradient comes from a host that has just
+slowed down); it is summed out exactly per host in the likelihood, and drawn per host when
+sampling. Sharing ``z_t``, the host jumps and host features make the workers' run-times jointly
+dependent. The emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the
+per-worker MLP runs once per worker set and sampling is one matmul. The history features give
+every worker the ``ewma`` baseline as a starting point (``loc = e``, ``scale = sd`` when the
+learned terms are zero); the exponent ``b_w`` lets the model discount the EWMA spread (inflated
+for a while after every regime switch); the latent state and the last-step and host features add
+what is shared across workers and regime changes.
 
 Censoring: an entry known only as ``y >= u`` contributes ``log P(y >= u)``, for each component
 ``log Phi((loc - u) / scale)``, mixed by log-sum-exp; a missing entry (present = False)
@@ -188,9 +192,19 @@ class EmissionBase:
     jump_logit: torch.Tensor
 
 
-def host_membership(groups: torch.Tensor) -> torch.Tensor:
-    """(N, G) one-hot: worker w belongs to host group groups[w]."""
-    return F.one_hot(groups, int(groups.max()) + 1 if groups.numel() else 0).float()
+@dataclass(frozen=True)
+class HostIndex:
+    """Which workers share a host: ``groups`` (N,) host of each worker, ``member`` (N, G) one-hot,
+    ``first`` (G,) one worker of each host (where a per-host value repeated per worker is read)."""
+
+    groups: torch.Tensor
+    member: torch.Tensor
+    first: torch.Tensor
+
+    @staticmethod
+    def of(groups: torch.Tensor) -> HostIndex:
+        member = F.one_hot(groups, int(groups.max()) + 1 if groups.numel() else 0).float()
+        return HostIndex(groups, member, member.argmax(0))
 
 
 class Emitter(nn.Module):
@@ -202,8 +216,9 @@ class Emitter(nn.Module):
         self.phi = nn.Sequential(nn.Linear(cfg.z_dim, cfg.phi_dim), nn.Tanh())
 
     @staticmethod
-    def base(params: WorkerParams, ewma, sd, feats, present, member) -> EmissionBase:
-        """The z-free emission terms from the history features; ``member`` (N, G)."""
+    def base(params: WorkerParams, ewma, sd, feats, present, hosts: HostIndex) -> EmissionBase:
+        """The z-free emission terms from the history features."""
+        member = hosts.member
         worker_logit = params.jump_bias + (feats * params.jump_w).sum(-1)
         shown = present.float()
         count = (shown @ member).clamp(min=1.0)
@@ -230,26 +245,22 @@ class Emitter(nn.Module):
         return torch.logaddexp(bulk + params.log_1m_pi, tail + params.log_pi)
 
     @classmethod
-    def joint_log_lik(cls, y, censored, present, loc, scale, params, base, member):
+    def joint_log_lik(cls, y, censored, present, loc, scale, params, base, hosts: HostIndex):
         """sum over present entries of log p(y_w | z), each host's jump summed out:
         sum_h log((1 - rho_h) prod_w p(y_w) + rho_h prod_w p(y_w | jump)), (..., N) -> (...)."""
         shown = present.float()
-        calm = (cls.log_lik(y, censored, loc, scale, params) * shown) @ member
-        jumped = (cls.log_lik(y, censored, loc + params.jump, scale, params) * shown) @ member
-        # every worker of a host carries the host's logit: read it at one member per host
-        first = member.argmax(0)
-        logit = base.jump_logit[..., first]
+        calm = (cls.log_lik(y, censored, loc, scale, params) * shown) @ hosts.member
+        jumped = (cls.log_lik(y, censored, loc + params.jump, scale, params) * shown) @ hosts.member
+        logit = base.jump_logit[..., hosts.first]
         mixed = torch.logaddexp(calm + F.logsigmoid(-logit), jumped + F.logsigmoid(logit))
         return mixed.sum(-1)
 
     @staticmethod
-    def sample(loc, scale, params: WorkerParams, base: EmissionBase, groups, gen=None):
+    def sample(loc, scale, params: WorkerParams, base: EmissionBase, hosts: HostIndex, gen=None):
         """Draws of y with the shapes of ``loc``: each host jumps with its probability, each
         worker takes the tail component with probability pi."""
-        num_hosts = int(groups.max()) + 1
-        first = host_membership(groups).argmax(0)
-        host_u = torch.rand((*loc.shape[:-1], num_hosts), generator=gen)
-        jumps = (host_u < torch.sigmoid(base.jump_logit[..., first]))[..., groups]
+        host_u = torch.rand((*loc.shape[:-1], hosts.first.numel()), generator=gen)
+        jumps = (host_u < torch.sigmoid(base.jump_logit[..., hosts.first]))[..., hosts.groups]
         is_tail = torch.rand(loc.shape, generator=gen).log_() < params.log_pi
         noise = torch.randn(loc.shape, generator=gen)
         widen = torch.where(is_tail, params.widen, 1.0)
@@ -306,11 +317,11 @@ class RuntimeModel(nn.Module):
     def emission_log_lik(self, z: torch.Tensor, data: RunTensors, params: WorkerParams):
         """sum over present entries of log p(y_{t,w} | z_t), host jumps summed out:
         z (B, L, K) -> (B,)."""
-        member = host_membership(data.groups)
-        base = self.emitter.base(params, data.ewma, data.sd, data.feats, data.present, member)
+        hosts = HostIndex.of(data.groups)
+        base = self.emitter.base(params, data.ewma, data.sd, data.feats, data.present, hosts)
         loc, scale = self.emitter(z, params, base)
         ll = self.emitter.joint_log_lik(
-            data.y, data.censored, data.present, loc, scale, params, base, member
+            data.y, data.censored, data.present, loc, scale, params, base, hosts
         )
         return ll.sum(-1)
 

@@ -49,7 +49,7 @@ def test_file_is_plain_data_for_weights_only_load(tmp_path):
     assert all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values())
 
 
-@pytest.mark.parametrize("version", [1, 99])
+@pytest.mark.parametrize("version", [1, 2, 99])
 def test_wrong_version_is_one_clear_error(tmp_path, version):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)

@@ -73,8 +73,23 @@ def test_last_step_features_follow_a_host_step_but_not_one_workers_spike():
         hist.update(torch.zeros(6), ok, everyone)
     hist.update(torch.tensor([2.0, 2.0, 2.0, 5.0, 0.0, 0.0]), ok, everyone)
     feats = hist.features()[2]
-    lag, host, cluster = feats[:, 3], feats[:, 4], feats[:, 5]
+    lag, host, cluster = feats[:, 3], feats[:, 6], feats[:, 7]
     # the slow EWMA has moved by alpha_slow of each step, the last value all of it
     torch.testing.assert_close(lag, 0.9 * torch.tensor([2.0, 2.0, 2.0, 5.0, 0.0, 0.0]))
     torch.testing.assert_close(host, 0.9 * torch.tensor([2.0, 2.0, 2.0, 0.0, 0.0, 0.0]))
     assert torch.all(cluster == cluster[0]) and 0.0 <= cluster[0] <= 1.8
+
+
+def test_a_censored_last_value_is_kept_apart_as_a_bound():
+    hist = HistoryFilter(host_groups(["a", "a", "b", "b"]))
+    ok, everyone = torch.zeros(4, dtype=torch.bool), torch.ones(4, dtype=torch.bool)
+    for _ in range(5):
+        hist.update(torch.zeros(4), ok, everyone)
+    hist.update(
+        torch.tensor([0.5, 1.0, 0.2, 1.0]), torch.tensor([False, True, False, True]), everyone
+    )
+    feats = hist.features()[2]
+    exact, bound, host = feats[:, 3], feats[:, 4], feats[:, 6]
+    assert exact[1] == 0 and exact[3] == 0 and bound[0] == 0 and bound[2] == 0
+    assert bound[1] > 0.8 and exact[0] > 0.4  # the bound as it is, not an imputed value
+    torch.testing.assert_close(host, torch.stack([exact[0], exact[0], exact[2], exact[2]]))

@@ -13,10 +13,10 @@ from pyro import poutine
 
 from stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
 from stages.model.runtime_model import (
+    HostIndex,
     ModelConfig,
     RuntimeModel,
     censored_normal_log_lik,
-    host_membership,
 )
 from stages.policies.estimators import lognormal_logpdf_or_logsf
 from stages.store import RunMatrix
@@ -102,7 +102,7 @@ def _emission_parts(groups: torch.Tensor):
     torch.manual_seed(0)
     model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
     params = model.head(torch.arange(1, 5), torch.tensor([1, 2, 1, 2]))
-    member = host_membership(groups)
+    hosts = HostIndex.of(groups)
     n = groups.numel()
     feats = torch.randn(n, NUM_FEATURES)
     base = model.emitter.base(
@@ -111,19 +111,19 @@ def _emission_parts(groups: torch.Tensor):
         torch.full((n,), 0.5),
         feats,
         torch.ones(n, dtype=torch.bool),
-        member,
+        hosts,
     )
-    return model, params, member, base
+    return model, params, hosts, base
 
 
 def test_host_jumps_are_summed_out_exactly_per_host():
     groups = torch.tensor([0, 1, 0, 1])
-    model, params, member, base = _emission_parts(groups)
+    model, params, hosts, base = _emission_parts(groups)
     y = torch.tensor([0.4, 2.5, 1.9, -0.3])
     cens = torch.tensor([False, False, True, False])
     present = torch.tensor([True, True, True, False])
     loc, scale = torch.tensor([0.1, 0.2, 0.0, 0.3]), torch.tensor([0.5, 0.6, 0.4, 0.5])
-    got = model.emitter.joint_log_lik(y, cens, present, loc, scale, params, base, member)
+    got = model.emitter.joint_log_lik(y, cens, present, loc, scale, params, base, hosts)
     per = model.emitter.log_lik
     calm, jumped = per(y, cens, loc, scale, params), per(y, cens, loc + params.jump, scale, params)
     expected = 0.0
@@ -138,10 +138,10 @@ def test_host_jumps_are_summed_out_exactly_per_host():
 
 def test_a_host_jump_moves_every_worker_of_that_host_together():
     groups = torch.tensor([0, 1, 0, 1])
-    model, params, _, base = _emission_parts(groups)
+    model, params, hosts, base = _emission_parts(groups)
     sure = torch.where(groups == 0, 50.0, -50.0)
     base = dataclasses.replace(base, jump_logit=sure)
     never_tail = dataclasses.replace(params, log_pi=torch.full((4,), -1e9))
     loc, scale = torch.zeros(64, 4), torch.full((64, 4), 1e-6)
-    y = model.emitter.sample(loc, scale, never_tail, base, groups, torch.Generator().manual_seed(0))
+    y = model.emitter.sample(loc, scale, never_tail, base, hosts, torch.Generator().manual_seed(0))
     torch.testing.assert_close(y, torch.where(groups == 0, params.jump, 0.0).expand(64, 4))
