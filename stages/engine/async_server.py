@@ -14,7 +14,6 @@ gradients that arrived after the last update are written as the finished computa
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ from torch.nn.utils import parameters_to_vector
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
-from stages.engine.server import EngineConfig, IterationLog
+from stages.engine.server import EngineConfig, IterationLog, scaled_lr
 from stages.errors import WorkerError
 from stages.policies.base import Policy
 from stages.store import TraceWriter
@@ -165,9 +164,7 @@ class AsyncServer:
 
     def step(self, grad_sum: torch.Tensor | None, n: int) -> float:
         """Average the n gradients and step, with the learning rate scaled to n of the live."""
-        ratio = n / max(int(self.live.sum()), 1)
-        scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.cfg.lr_scaling]
-        lr = self.cfg.lr * scale
+        lr = scaled_lr(self.cfg, n, int(self.live.sum()))
         if grad_sum is None:
             return lr
         offset = 0

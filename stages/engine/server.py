@@ -64,6 +64,12 @@ def sgd(params, lr: float, momentum: float) -> torch.optim.SGD:
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
+def scaled_lr(cfg: EngineConfig, n: int, live: int) -> float:
+    """The learning rate for a step on n gradients of ``live`` workers (``--lr-scaling``)."""
+    ratio = n / max(live, 1)
+    return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.lr_scaling]
+
+
 @dataclass
 class IterationLog:
     """What the server keeps per iteration (metrics for the run dir, facts for trace rows)."""
@@ -219,9 +225,7 @@ class Server:
 
     def apply(self, grad_sum: torch.Tensor | None, n: int) -> float:
         """Average the admitted gradients and step, with the learning rate scaled to n."""
-        live = max(int(self.live.sum()), 1)
-        scale = {"linear": n / live, "sqrt": math.sqrt(n / live), "none": 1.0}[self.cfg.lr_scaling]
-        lr = self.cfg.lr * scale
+        lr = scaled_lr(self.cfg, n, int(self.live.sum()))
         if grad_sum is None:
             return lr
         torch.div(grad_sum, n, out=self.flat_grad)
