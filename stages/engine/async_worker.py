@@ -19,23 +19,12 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
-from stages.engine.worker import WorkerSpec
-from stages.stragglers import parse_stragglers
-from stages.workloads import Workload, load_workload
+from stages.engine.worker import WorkerProcess, WorkerSpec
 
 
-class AsyncWorker:
+class AsyncWorker(WorkerProcess):
     def __init__(self, spec: WorkerSpec):
-        self.spec = spec
-        self.w = spec.worker_id - 1
-        torch.manual_seed(spec.seed)
-        self.workload: Workload = load_workload(spec.workload, seed=spec.seed)
-        self.model = self.workload.model
-        self.gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.worker_id)
-        delays = parse_stragglers(spec.stragglers, spec.seed, spec.time_scale)
-        self.delays = delays.delays(spec.iterations, spec.num_workers)[:, self.w]
-        self.store = P.open_store(spec.store_host, spec.store_port, False, spec.timeout_s)
-        self.t0_epoch = float(self.store.get("t0").decode())  # the server's clock origin
+        super().__init__(spec)
         n = parameters_to_vector(self.model.parameters()).numel()
         self.params = torch.zeros(A.PARAM_HEADER + n)
         self.group = None

@@ -41,7 +41,10 @@ class WorkerSpec:
     timeout_s: float
 
 
-class Worker:
+class WorkerProcess:
+    """What every worker loop (sync and asynchronous) sets up: its workload and data stream, its
+    column of injected delays, the control store and the server's clock origin."""
+
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.w = spec.worker_id - 1
@@ -53,6 +56,11 @@ class Worker:
         self.delays = delays.delays(spec.iterations, spec.num_workers)[:, self.w]
         self.store = P.open_store(spec.store_host, spec.store_port, False, spec.timeout_s)
         self.t0_epoch = float(self.store.get("t0").decode())  # the server's clock origin
+
+
+class Worker(WorkerProcess):
+    def __init__(self, spec: WorkerSpec):
+        super().__init__(spec)
         self.generation, self.group, self.members = -1, None, [0]
         size = parameters_to_vector(self.model.parameters()).numel()
         # the model's parameters and gradients live inside the payloads: no copies per iteration
