@@ -11,9 +11,9 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
 - ``r_t``: fast EWMA mean (alpha_fast) minus ``e_t``: a regime change the slow mean lags behind;
 - ``q_t``: the mean of ``r_t`` over the worker's host: host-correlated slowdowns;
 - ``l_t``: the last value minus ``e_t`` (a step the EWMAs have not caught up with), split into
-  ``l_t (1 - c_t)`` and ``l_t c_t`` with ``c_t`` the last value's censoring flag (a censored
-  last value is its bound u, taken as it is: the model learns what a bound says), and
-  ``|l_t| (1 - c_t)``;
+  ``l_t (1 - c_t)`` and ``max(l_t, 0) c_t`` with ``c_t`` the last value's censoring flag (a
+  censored last value is its bound u, taken as it is where it says the worker is slower than
+  thought: the model learns what a bound says), and ``|l_t| (1 - c_t)``;
 - the median of the uncensored ``l_t`` over the worker's host and over all workers (robust to one
   worker's spike: a host's regime switch moves the host median, a spike does not).
 
@@ -23,8 +23,13 @@ one policy's traces would talk another policy into waiting for ever fewer worker
 ``u`` says what the censoring says about the worker.
 
 A censored value u (y >= u) is replaced by the truncated-normal mean
-``E[y | y >= u] = e + sd phi(a) / Phi(-a)``, ``a = (u - e) / sd``, and ignored when u < e - sd,
-where it says almost nothing; missing entries leave the state unchanged.
+``E[y | y >= u] = e + sd phi(a) / Phi(-a)``, ``a = (u - e) / sd``, when u > e (the worker is slower than thought), and ignored when u <= e; missing entries
+leave the state unchanged. The ``ewma`` baseline takes bounds down to e - sd: that is unbiased
+while its belief is right, but each bound just below e pushes e up, so the workers a cutoff
+policy keeps censoring drift towards "slow" and the policy waits for them ever less (a censoring
+spiral, seen in replays where c collapsed to 2). Ignoring those bounds errs towards "fast",
+which corrects itself: a worker thought fast is waited for, and then seen. For the same reason the censored last value enters the features only
+when it lies above e: ``max(l_t, 0) c_t``.
 """
 
 from __future__ import annotations
@@ -120,7 +125,16 @@ class HistoryFilter:
         known = self.seen & (cens == 0)
         l_host = group_median(lag, known, self.table)[self.groups]
         l_all = group_median(lag, known, self.all).expand_as(lag)
-        feats = [r, self._host_mean(r), self.slow, exact, lag * cens, exact.abs(), l_host, l_all]
+        feats = [
+            r,
+            self._host_mean(r),
+            self.slow,
+            exact,
+            lag.clamp(min=0) * cens,
+            exact.abs(),
+            l_host,
+            l_all,
+        ]
         return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1)
 
     def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
@@ -137,7 +151,7 @@ class HistoryFilter:
         seen_now = present & self.seen
         self.last = torch.where(seen_now, y, self.last)
         self.last_censored = torch.where(seen_now, censored.float(), self.last_censored)
-        use = seen_now & ~first & (~censored | (a > -1.0))
+        use = seen_now & ~first & (~censored | (a > 0.0))
         diff = torch.where(use, target - self.slow, torch.zeros_like(y))
         self.slow = self.slow + ALPHA_SLOW * diff
         var = (1 - ALPHA_SLOW) * (self.var + ALPHA_SLOW * diff**2)

@@ -13,8 +13,11 @@ argument (Dinkelbach's method for ratio objectives) the long-run optimum picks, 
 where lambda is the throughput the policy achieves: each gradient must pay for the seconds it
 costs at the going rate. When the whole cluster is slow this waits for fewer gradients, when it
 is fast, for more. lambda is a slowly moving average of the achieved gradients and seconds
-(:class:`RateTracker`), so it follows a drifting cluster. Before any iteration was seen, and with
-``objective="iteration"``, the policy picks the per-iteration rate
+(:class:`RateTracker`) over the iterations whose c this policy chose (a warm-up on history recorded
+under another policy, e.g. a full-sync profile, teaches the predictor but not lambda), so it
+follows a drifting cluster. It is capped by the recent mean of the best per-iteration rate the
+predictive offers (:meth:`MonteCarloCutoff.going_rate`), which stops a censoring spiral. Before the policy has chosen any c, and with ``objective="iteration"``,
+it picks the per-iteration rate
 
     c* = argmax_c  c / (E[x_(c)] + overhead_s)
 
@@ -178,7 +181,9 @@ class MonteCarloCutoff(Policy):
         self.num_samples = num_samples
         self.objective = objective
         self.tracker = RateTracker()
+        self.offered = RateTracker(alpha=0.02)
         self._chosen: np.ndarray | None = None
+        self._decided = False
 
     @abc.abstractmethod
     def samples(self, live: np.ndarray) -> np.ndarray | None:
@@ -186,22 +191,42 @@ class MonteCarloCutoff(Policy):
         has nothing to go on yet."""
 
     def choose(self, live: np.ndarray) -> int:
+        self._decided = True
         draws = self.samples(live)
         if draws is None or draws.shape[1] == 0:
             self._chosen = None
             return max(int(live.sum()), 1)
         ordered = sorted_samples(draws)
-        rate = self.tracker.rate() if self.objective == "long-run" else None
-        c = best_cutoff(ordered.mean(axis=0), self.overhead_s, rate)
+        expected = ordered.mean(axis=0)
+        rate = self.going_rate(expected) if self.objective == "long-run" else None
+        c = best_cutoff(expected, self.overhead_s, rate)
         self._chosen = ordered[:, c - 1]
         return c
+
+    def going_rate(self, expected: np.ndarray) -> float | None:
+        """lambda: the rate achieved lately, capped by the recent mean (about 50 iterations) of
+        the best rate the predictive offers per iteration, max_c c / E[x_(c)]. A lambda above
+        every rate on offer makes c - lambda E[x_(c)] negative for every c and drives c down;
+        more workers are then censored, a predictive that sees less grows more pessimistic, and
+        c spirals down (seen on drifting clusters, where the achieved rate also remembers
+        faster times). Capped, a pessimistic predictive lowers lambda and so waits for more
+        workers, which shows it the workers it was wrong about."""
+        c = np.arange(1, expected.shape[0] + 1)
+        self.offered.update(float(np.max(c / np.maximum(expected + self.overhead_s, 1e-12))), 1.0)
+        achieved = self.tracker.rate()
+        return None if achieved is None else min(achieved, self.offered.rate())
 
     def spec_name(self, kind: str) -> str:
         """``kind`` with the objective appended unless it is the default (names key results)."""
         return kind if self.objective == "long-run" else f"{kind}:{self.objective}"
 
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
-        self.tracker.observe(runtimes, censored, self.overhead_s)
+        """Learn from every observed iteration; count it towards lambda only if this policy chose
+        its c (history recorded under another policy, e.g. a full-sync profile, says nothing about
+        the rate this policy achieves, and would hold lambda far too low for a long time)."""
+        if self._decided:
+            self.tracker.observe(runtimes, censored, self.overhead_s)
+        self._decided = False
         self.learn(runtimes, censored)
 
     @abc.abstractmethod

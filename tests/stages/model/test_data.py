@@ -18,20 +18,33 @@ from stages.store import RunMatrix
 from tests.stages.model.clusters import drifting_cluster
 
 
-def test_slow_history_feature_is_the_ewma_baseline():
-    x, cens, hosts = drifting_cluster(80, 5, 2, seed=3, cutoff=4)
+def test_slow_history_feature_is_the_ewma_baseline_on_exact_values():
+    x, _, hosts = drifting_cluster(80, 5, 2, seed=3, cutoff=4)
     hist, ewma = HistoryFilter(host_groups(hosts)), EwmaLogNormal(5)
-    present = torch.ones(5, dtype=torch.bool)
+    present, exact = torch.ones(5, dtype=torch.bool), np.zeros(5, dtype=bool)
     for t in range(80):
         hist.update(
-            torch.as_tensor(np.log(x[t]), dtype=torch.float32), torch.as_tensor(cens[t]), present
+            torch.as_tensor(np.log(x[t]), dtype=torch.float32), torch.as_tensor(exact), present
         )
-        ewma.observe(x[t], cens[t])
+        ewma.observe(x[t], exact)
     e, sd, feats = hist.features()
     mu, sigma = ewma.params()
     np.testing.assert_allclose(e.numpy(), mu, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sd.numpy(), sigma, rtol=1e-4)
     assert feats.shape == (5, NUM_FEATURES)
+
+
+def test_a_bound_below_the_mean_changes_nothing_one_above_raises_it():
+    hist = HistoryFilter(host_groups(["a", "a"]))
+    present, cut = torch.ones(2, dtype=torch.bool), torch.tensor([True, True])
+    for _ in range(5):
+        hist.update(torch.zeros(2), torch.zeros(2, dtype=torch.bool), present)
+    before = hist.features()
+    hist.update(torch.tensor([-0.2, 0.3]), cut, present)  # sd is 0.5: one bound below e, one above
+    e, sd, feats = hist.features()
+    assert e[0] == before[0][0] and sd[0] == before[1][0]
+    assert e[1] > before[0][1] + 0.1 * 0.3  # the truncated mean lies above the bound
+    assert feats[0, 4] == 0 and feats[1, 4] > 0  # max(l, 0) c: only the bound above e
 
 
 def test_host_feature_is_shared_by_a_host_and_missing_entries_change_nothing():

@@ -180,3 +180,28 @@ def test_objective_is_validated_and_named():
         EwmaCutoff(4, objective="fastest")
     assert EwmaCutoff(4).name == "ewma"
     assert EwmaCutoff(4, objective="iteration").name == "ewma:iteration"
+
+
+def test_history_the_policy_did_not_choose_teaches_the_predictor_but_not_the_rate():
+    # a full-sync profile (every worker awaited, slowest at 10 s) replayed as warm-up
+    predictor = FixedPredictor(np.tile([1.0, 1.1, 1.2, 10.0], (8, 1)))
+    policy = BdsgdCutoff(predictor, num_samples=8)
+    for _ in range(20):
+        policy.observe(np.array([1.0, 1.1, 1.2, 10.0]), np.zeros(4, dtype=bool))
+    assert len(predictor.seen) == 20
+    assert policy.tracker.rate() is None  # 4 gradients per 10 s is full sync's rate, not ours
+    assert policy.choose(ALL) == 3  # so the first choice is the per-iteration best
+    policy.observe(np.array([1.0, 1.1, 1.2, 1.2]), np.array([0, 0, 0, 1], bool))
+    assert policy.tracker.rate() == pytest.approx(3 / 1.2)
+
+
+def test_going_rate_never_exceeds_what_the_predictive_offers():
+    # a pessimistic predictive (every run-time twice the truth): the achieved rate is above any
+    # rate it offers, so c - lambda * E[x_(c)] < 0 for every c and, uncapped, c would collapse
+    runtimes = np.array([1.0, 1.1, 1.2, 1.3])
+    policy = BdsgdCutoff(FixedPredictor(np.tile(2 * runtimes, (8, 1))), num_samples=8)
+    for _ in range(50):
+        c = policy.choose(ALL)
+        policy.observe(np.minimum(runtimes, runtimes[c - 1]), np.arange(4) >= c)
+    assert policy.tracker.rate() == pytest.approx(4 / 1.3, rel=0.01)
+    assert policy.going_rate(2 * runtimes) == pytest.approx(4 / 2.6, rel=0.01)
