@@ -1,0 +1,29 @@
+"""The held-out benchmark's clusters and trace store (the fit/simulate path is tested elsewhere)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.bench_heldout import CLUSTERS, ar_rack_cluster, write_store
+from stages.store import TraceStore
+
+
+def test_ar_rack_cluster_is_reproducible_positive_and_host_correlated():
+    x, hosts = ar_rack_cluster(0, 600, 16)
+    again, _ = ar_rack_cluster(0, 600, 16)
+    np.testing.assert_array_equal(x, again)
+    assert x.shape == (600, 16) and np.all(np.isfinite(x)) and np.all(x > 0)
+    assert len(set(hosts)) == 8 and hosts[0] == hosts[1] != hosts[2]
+    logs = np.log(x) - np.log(x).mean(axis=0)
+    same_host = np.corrcoef(logs[:, 0], logs[:, 1])[0, 1]
+    other_rack = np.corrcoef(logs[:, 0], logs[:, 2])[0, 1]  # host 1 is on the other rack
+    assert same_host > other_rack + 0.2
+
+
+def test_every_cluster_writes_a_store_that_reads_back(tmp_path):
+    for name, make in CLUSTERS.items():
+        x, hosts = make(20, 8)
+        run = write_store(tmp_path / name, x, hosts)
+        back = TraceStore(tmp_path / name).run_matrix("heldout")
+        np.testing.assert_allclose(back.runtimes, x)
+        assert tuple(back.hosts) == run.hosts and not back.censored.any()
