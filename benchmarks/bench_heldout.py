@@ -32,7 +32,7 @@ import numpy as np
 
 from stages.fit import FitConfig, run_fit
 from stages.simulate import SimulateConfig, compare
-from stages.store import RunMatrix, TraceStore
+from stages.store import RunMatrix, TraceStore, matrix_rows
 from stages.stragglers import SyntheticCluster
 
 HOLDOUT_FROM = 0.8
@@ -92,25 +92,10 @@ CLUSTERS: dict[str, Callable[[int, int], tuple[np.ndarray, list[str]]]] = {
 
 def write_store(path: Path, runtimes: np.ndarray, hosts: list[str]) -> RunMatrix:
     """One fully observed run (schema v1, source ``import``) in a new trace store."""
-    t, n = runtimes.shape
-    worker = np.tile(np.arange(n), t)
-    TraceStore(path).append(
-        {
-            "run_id": ["heldout"] * (t * n),
-            "iteration": np.repeat(np.arange(t), n),
-            "worker": worker.astype(np.int32),
-            "host": [hosts[w] for w in worker],
-            "world_size": np.full(t * n, n, dtype=np.int32),
-            "start_s": np.zeros(t * n),
-            "runtime_s": runtimes.reshape(-1),
-            "censored": np.zeros(t * n, dtype=bool),
-            "cutoff": [None] * (t * n),
-            "policy": ["full"] * (t * n),
-            "source": ["import"] * (t * n),
-        }
-    )
     full = np.ones(runtimes.shape, dtype=bool)
-    return RunMatrix("heldout", runtimes, ~full, full, tuple(hosts))
+    run = RunMatrix("heldout", runtimes, ~full, full, tuple(hosts))
+    TraceStore(path).append(matrix_rows(run))
+    return run
 
 
 def evaluate(name: str, iterations: int, workers: int, steps: int, root: Path) -> dict:

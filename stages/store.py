@@ -156,6 +156,27 @@ class TraceStore:
         return to_run_matrix(df)
 
 
+def matrix_rows(run: RunMatrix, policy: str = "full", source: str = "import") -> dict[str, list]:
+    """The schema-v1 rows of a (T, N) run (its present entries), for :meth:`TraceStore.append`:
+    the inverse of :func:`to_run_matrix` for a run recorded without cutoffs."""
+    it, wk = np.nonzero(run.present)
+    n = run.runtimes.shape[1]
+    rows = it.size
+    return {
+        "run_id": [run.run_id] * rows,
+        "iteration": it.tolist(),
+        "worker": wk.tolist(),
+        "host": [run.hosts[w] for w in wk],
+        "world_size": [n] * rows,
+        "start_s": [0.0] * rows,
+        "runtime_s": run.runtimes[it, wk].tolist(),
+        "censored": run.censored[it, wk].tolist(),
+        "cutoff": [None] * rows,
+        "policy": [policy] * rows,
+        "source": [source] * rows,
+    }
+
+
 def to_run_matrix(df: pl.DataFrame) -> RunMatrix:
     """Turn one run's rows into a (T x N) run-time matrix plus censoring and presence masks."""
     run_id = df["run_id"][0]

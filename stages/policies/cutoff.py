@@ -51,13 +51,17 @@ def best_cutoff(expected: np.ndarray, overhead_s: float, rate: float | None = No
     expected order statistics E[x_(1)] <= ... <= E[x_(n)]. Ties go to the larger c (more
     gradients per update)."""
     n = expected.shape[0]
-    c = np.arange(1, n + 1)
-    seconds = expected + overhead_s
     if rate is not None and rate > 0:
-        value = c - rate * seconds
+        value = np.arange(1, n + 1) - rate * (expected + overhead_s)
     else:
-        value = c / np.maximum(seconds, 1e-12)
+        value = iteration_rates(expected, overhead_s)
     return n - int(np.argmax(value[::-1]))
+
+
+def iteration_rates(expected: np.ndarray, overhead_s: float) -> np.ndarray:
+    """(n,) gradients per second of an iteration that waits for c = 1..n: c / (E[x_(c)] + o)."""
+    c = np.arange(1, expected.shape[0] + 1)
+    return c / np.maximum(expected + overhead_s, 1e-12)
 
 
 class RateTracker:
@@ -211,8 +215,7 @@ class MonteCarloCutoff(Policy):
         c spirals down (seen on drifting clusters, where the achieved rate also remembers
         faster times). Capped, a pessimistic predictive lowers lambda and so waits for more
         workers, which shows it the workers it was wrong about."""
-        c = np.arange(1, expected.shape[0] + 1)
-        self.offered.update(float(np.max(c / np.maximum(expected + self.overhead_s, 1e-12))), 1.0)
+        self.offered.update(float(iteration_rates(expected, self.overhead_s).max()), 1.0)
         achieved = self.tracker.rate()
         return None if achieved is None else min(achieved, self.offered.rate())
 

@@ -10,30 +10,16 @@ from click.testing import CliRunner
 
 from bdsgd_cli.main import cli
 from stages.fit import FitConfig, run_fit
-from stages.store import TraceStore
+from stages.store import RunMatrix, TraceStore, matrix_rows
 
 
 def write_run(path, run_id: str, runtimes: np.ndarray, host: str = "h") -> None:
     """One schema-v1 run of (T, N) run-times on hosts ``<host>0``, ``<host>1``, nothing
     censored."""
-    t, n = runtimes.shape
-    it, wk = np.meshgrid(np.arange(t), np.arange(n), indexing="ij")
-    rows = t * n
-    TraceStore(path).append(
-        {
-            "run_id": [run_id] * rows,
-            "iteration": it.ravel().tolist(),
-            "worker": wk.ravel().tolist(),
-            "host": [f"{host}{w % 2}" for w in wk.ravel()],
-            "world_size": [n] * rows,
-            "start_s": np.zeros(rows).tolist(),
-            "runtime_s": runtimes.ravel().tolist(),
-            "censored": [False] * rows,
-            "cutoff": [None] * rows,
-            "policy": ["full"] * rows,
-            "source": ["profile"] * rows,
-        }
-    )
+    mask = np.ones(runtimes.shape, dtype=bool)
+    hosts = tuple(f"{host}{w % 2}" for w in range(runtimes.shape[1]))
+    run = RunMatrix(run_id, runtimes, ~mask, mask, hosts)
+    TraceStore(path).append(matrix_rows(run, source="profile"))
 
 
 def straggling(rows: int, workers: int, seed: int = 0) -> np.ndarray:

@@ -181,3 +181,19 @@ def test_appended_table_keeps_schema_metadata(store, trace_rows):
     path = store.append(to_table(trace_rows()))
     assert pq.read_schema(path).metadata[b"bdsgd.trace_schema"] == b"1"
     assert pq.read_schema(path).field("worker").type == pa.int32()
+
+
+def test_matrix_rows_round_trips_through_the_store(tmp_path):
+    from stages.store import RunMatrix, matrix_rows
+
+    runtimes = np.array([[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]])
+    censored = np.array([[False, False, True], [False, True, False]])
+    present = np.array([[True, True, True], [True, True, False]])  # worker 2 died
+    run = RunMatrix("r", runtimes, censored, present, ("a", "a", "b"))
+    store = TraceStore(tmp_path / "t")
+    store.append(matrix_rows(run, policy="static:2", source="train"))
+    back = store.run_matrix("r")
+    np.testing.assert_array_equal(back.present, present)
+    np.testing.assert_array_equal(back.runtimes[present], runtimes[present])
+    np.testing.assert_array_equal(back.censored[present], censored[present])
+    assert back.hosts == ("a", "a", "b")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.store import TraceStore
+from stages.store import RunMatrix, TraceStore, matrix_rows
 
 
 def drifting_cluster(
@@ -36,23 +36,8 @@ def drifting_cluster(
 
 def write_run(store: TraceStore, run_id: str, runtimes, censored, hosts) -> None:
     """Append one run (T, N) to a trace store as schema-v1 rows."""
-    t, n = runtimes.shape
-    it, wk = np.meshgrid(np.arange(t), np.arange(n), indexing="ij")
-    store.append(
-        {
-            "run_id": [run_id] * (t * n),
-            "iteration": it.ravel().tolist(),
-            "worker": wk.ravel().tolist(),
-            "host": [hosts[w] for w in wk.ravel()],
-            "world_size": [n] * (t * n),
-            "start_s": np.zeros(t * n).tolist(),
-            "runtime_s": runtimes.ravel().tolist(),
-            "censored": censored.ravel().tolist(),
-            "cutoff": [None] * (t * n),
-            "policy": ["full"] * (t * n),
-            "source": ["import"] * (t * n),
-        }
-    )
+    present = np.ones(runtimes.shape, dtype=bool)
+    store.append(matrix_rows(RunMatrix(run_id, runtimes, censored, present, tuple(hosts))))
 
 
 def tiny_store(path) -> TraceStore:
