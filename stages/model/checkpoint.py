@@ -21,7 +21,7 @@ from stages.model.runtime_model import ModelConfig, RuntimeModel
 from stages.safe_load import first_line, load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
-VERSION = 3
+VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
 
 - ``e_t``: slow EWMA mean (alpha_slow) and ``v_t`` its EWMA variance: the ``ewma`` baseline;
 - ``r_t``: fast EWMA mean (alpha_fast) minus ``e_t``: a regime change the slow mean lags behind;
-- ``q_t``: the mean of ``r_t`` over the worker's host: host-correlated slowdowns;
+- ``q_t``: the mean of ``r_t`` over the worker's host mates whose last value was seen exactly:
+  host-correlated slowdowns (the workers a policy just cut off are the slowest of that
+  iteration, so counting them would read every cut as a host slowing down);
 - ``l_t``: the last value minus ``e_t`` (a step the EWMAs have not caught up with), split into
   ``l_t (1 - c_t)`` and ``max(l_t, 0) c_t`` with ``c_t`` the last value's censoring flag (a
   censored last value is its bound u, taken as it is where it says the worker is slower than
@@ -20,7 +22,8 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
 The censoring flags themselves are not features: whether a worker was cut off says as much about
 the policy that chose c as about the worker, and a model that learnt "censored means slow" from
 one policy's traces would talk another policy into waiting for ever fewer workers. The bound
-``u`` says what the censoring says about the worker.
+``u`` says what the censoring says about the worker. The flags only decide whose values stand for
+a host (``known``: seen exactly last time), in ``q_t``, the host median and the host's jump logit.
 
 A censored value u (y >= u) is replaced by the truncated-normal mean
 ``E[y | y >= u] = e + sd phi(a) / Phi(-a)``, ``a = (u - e) / sd``, when u > e (the worker is slower than thought), and ignored when u <= e; missing entries
@@ -110,14 +113,15 @@ class HistoryFilter:
         self.var = torch.full((n,), INIT_VAR)
         self.seen = torch.zeros(n, dtype=torch.bool)
 
-    def _host_mean(self, values: torch.Tensor) -> torch.Tensor:
-        count = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, self.seen.float())
-        total = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, values * self.seen)
+    def _host_mean(self, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        count = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, valid.float())
+        total = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, values * valid)
         return (total / count.clamp(min=1.0))[self.groups]
 
-    def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(e, sd, f): slow mean (N,), spread (N,), features (N, NUM_FEATURES) =
-        [r, q, e, l (1 - c), l c, |l| (1 - c), l_host, l_all] (see the module docstring)."""
+    def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(e, sd, f, k): slow mean (N,), spread (N,), features (N, NUM_FEATURES) =
+        [r, q, e, l (1 - c), l c, |l| (1 - c), l_host, l_all] (see the module docstring), and
+        ``known`` (N,) bool: the worker's last value was seen exactly."""
         r = (self.fast - self.slow) * self.seen
         lag = (self.last - self.slow) * self.seen
         cens = self.last_censored
@@ -127,7 +131,7 @@ class HistoryFilter:
         l_all = group_median(lag, known, self.all).expand_as(lag)
         feats = [
             r,
-            self._host_mean(r),
+            self._host_mean(r, known),
             self.slow,
             exact,
             lag.clamp(min=0) * cens,
@@ -135,7 +139,7 @@ class HistoryFilter:
             l_host,
             l_all,
         ]
-        return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1)
+        return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1), known
 
     def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
         """Fold in one iteration of normalised log run-times (see the module docstring)."""
@@ -169,6 +173,8 @@ class RunTensors:
     ewma: torch.Tensor
     sd: torch.Tensor
     feats: torch.Tensor
+    known: torch.Tensor
+    """(T, N) bool: the worker's last value before iteration t was seen exactly."""
     worker_idx: torch.Tensor
     host_idx: torch.Tensor
     groups: torch.Tensor
@@ -177,17 +183,15 @@ class RunTensors:
 
 def run_history(
     y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor, groups: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """History features before each iteration: e (T, N), sd (T, N), f (T, N, 3)."""
+) -> tuple[torch.Tensor, ...]:
+    """History features before each iteration: e (T, N), sd (T, N), f (T, N, F), known (T, N)."""
     hist = HistoryFilter(groups)
-    es: list[torch.Tensor] = []
-    sds: list[torch.Tensor] = []
-    fs: list[torch.Tensor] = []
+    outs: tuple[list[torch.Tensor], ...] = ([], [], [], [])
     for t in range(y.shape[0]):
-        for out, value in zip((es, sds, fs), hist.features(), strict=True):
+        for out, value in zip(outs, hist.features(), strict=True):
             out.append(value)
         hist.update(y[t], censored[t], present[t])
-    return torch.stack(es), torch.stack(sds), torch.stack(fs)
+    return tuple(torch.stack(out) for out in outs)
 
 
 def to_tensors(
@@ -199,8 +203,8 @@ def to_tensors(
     y = torch.as_tensor(norm.normalise(raw), dtype=torch.float32) * present
     censored = torch.as_tensor(run.censored) & present
     groups = host_groups(run.hosts)
-    e, sd, f = run_history(y, censored, present, groups)
-    return RunTensors(y, censored, present, e, sd, f, worker_idx, host_idx, groups)
+    e, sd, f, known = run_history(y, censored, present, groups)
+    return RunTensors(y, censored, present, e, sd, f, known, worker_idx, host_idx, groups)
 
 
 def sample_windows(
@@ -224,6 +228,7 @@ def sample_windows(
         cut(run.ewma),
         cut(run.sd),
         cut(run.feats),
+        cut(run.known),
         run.worker_idx,
         run.host_idx,
         run.groups,

@@ -55,9 +55,9 @@ class RuntimePredictor:
     @torch.inference_mode()
     def _refresh(self) -> None:
         """Cache the z-free emission terms for the next iteration from the history features."""
-        self.ewma, sd, feats = self.hist.features()
+        self.ewma, sd, feats, known = self.hist.features()
         self.base = self.model.emitter.base(
-            self.params, self.ewma, sd, feats, self.present, self.host_index
+            self.params, self.ewma, sd, feats, self.present, self.host_index, known
         )
 
     def _normalise(self, runtimes, censored) -> tuple[torch.Tensor, ...]:

@@ -7,7 +7,8 @@ t; ``e, sd, f`` are its history features from ``y_{<t}`` (see :mod:`stages.model
 Generative model (one window of L iterations, N workers on hosts h(w))::
 
     z_t | z_{t-1} ~ N(mu(z_{t-1}), diag sigma(z_{t-1})^2)              GatedTransition
-    j_{t,h} | f_t ~ Bernoulli(rho_{t,h}),  logit rho_{t,h} = mean_{w on h} (u_w + j_w . f_{t,w})
+    j_{t,h} | f_t ~ Bernoulli(rho_{t,h}),  logit rho_{t,h} = mean_{w on h} (u_w + j_w . f_{t,w}),
+                    the mean weighted 4:1 towards workers whose last value was seen exactly
     y_{t,w} | z_t, j_t ~ (1 - pi_w) N(m, scale^2) + pi_w N(m + d_w, (k_w scale)^2),
                     m = loc + j_{t,h(w)} J_w, independent over workers given z_t, j_t  Emitter
         loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
@@ -55,6 +56,7 @@ from stages.model.data import NUM_FEATURES, RunTensors
 
 SOFTPLUS_ONE = 0.5413248546129181  # softplus(SOFTPLUS_ONE) == 1
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+CENSORED_WEIGHT = 0.25  # weight of a cut-off worker's jump logit next to one seen exactly
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,12 +218,16 @@ class Emitter(nn.Module):
         self.phi = nn.Sequential(nn.Linear(cfg.z_dim, cfg.phi_dim), nn.Tanh())
 
     @staticmethod
-    def base(params: WorkerParams, ewma, sd, feats, present, hosts: HostIndex) -> EmissionBase:
-        """The z-free emission terms from the history features."""
+    def base(
+        params: WorkerParams, ewma, sd, feats, present, hosts: HostIndex, known
+    ) -> EmissionBase:
+        """The z-free emission terms from the history features. A host's jump logit is the mean
+        of its workers' logits weighted towards those whose last value was seen exactly
+        (``known``): a worker cut off says little about its host when its host mates arrived."""
         member = hosts.member
         worker_logit = params.jump_bias + (feats * params.jump_w).sum(-1)
-        shown = present.float()
-        count = (shown @ member).clamp(min=1.0)
+        shown = present.float() * (known.float() + CENSORED_WEIGHT)
+        count = (shown @ member).clamp(min=1e-6)
         host_logit = ((worker_logit * shown) @ member) / count
         return EmissionBase(
             loc0=ewma + params.a + (feats * params.g).sum(-1),
@@ -318,7 +324,9 @@ class RuntimeModel(nn.Module):
         """sum over present entries of log p(y_{t,w} | z_t), host jumps summed out:
         z (B, L, K) -> (B,)."""
         hosts = HostIndex.of(data.groups)
-        base = self.emitter.base(params, data.ewma, data.sd, data.feats, data.present, hosts)
+        base = self.emitter.base(
+            params, data.ewma, data.sd, data.feats, data.present, hosts, data.known
+        )
         loc, scale = self.emitter(z, params, base)
         ll = self.emitter.joint_log_lik(
             data.y, data.censored, data.present, loc, scale, params, base, hosts

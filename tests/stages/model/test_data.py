@@ -27,7 +27,7 @@ def test_slow_history_feature_is_the_ewma_baseline_on_exact_values():
             torch.as_tensor(np.log(x[t]), dtype=torch.float32), torch.as_tensor(exact), present
         )
         ewma.observe(x[t], exact)
-    e, sd, feats = hist.features()
+    e, sd, feats, _ = hist.features()
     mu, sigma = ewma.params()
     np.testing.assert_allclose(e.numpy(), mu, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sd.numpy(), sigma, rtol=1e-4)
@@ -41,7 +41,7 @@ def test_a_bound_below_the_mean_changes_nothing_one_above_raises_it():
         hist.update(torch.zeros(2), torch.zeros(2, dtype=torch.bool), present)
     before = hist.features()
     hist.update(torch.tensor([-0.2, 0.3]), cut, present)  # sd is 0.5: one bound below e, one above
-    e, sd, feats = hist.features()
+    e, sd, feats, _ = hist.features()
     assert e[0] == before[0][0] and sd[0] == before[1][0]
     assert e[1] > before[0][1] + 0.1 * 0.3  # the truncated mean lies above the bound
     assert feats[0, 4] == 0 and feats[1, 4] > 0  # max(l, 0) c: only the bound above e

@@ -13,6 +13,7 @@ from pyro import poutine
 
 from stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
 from stages.model.runtime_model import (
+    CENSORED_WEIGHT,
     HostIndex,
     ModelConfig,
     RuntimeModel,
@@ -112,8 +113,25 @@ def _emission_parts(groups: torch.Tensor):
         feats,
         torch.ones(n, dtype=torch.bool),
         hosts,
+        torch.ones(n, dtype=torch.bool),
     )
     return model, params, hosts, base
+
+
+def test_a_hosts_jump_risk_is_read_off_the_workers_seen_exactly():
+    groups = torch.tensor([0, 0, 1, 1])
+    model, params, hosts, _ = _emission_parts(groups)
+    params = dataclasses.replace(params, jump_w=torch.eye(4, NUM_FEATURES))
+    feats = torch.zeros(4, NUM_FEATURES)
+    feats[0, 0] = feats[2, 2] = 3.0  # workers 0 and 2 look risky; 0's host mate was seen
+    known = torch.tensor([False, True, False, False])  # host 1: both cut off
+    present = torch.ones(4, dtype=torch.bool)
+    base = model.emitter.base(params, torch.zeros(4), torch.ones(4), feats, present, hosts, known)
+    bias, w = params.jump_bias, CENSORED_WEIGHT
+    weighted = (w * (bias[0] + 3.0) + (1 + w) * bias[1]) / (1 + 2 * w)
+    torch.testing.assert_close(base.jump_logit[0], weighted)  # the cut-off worker counts less
+    assert base.jump_logit[0] < (bias[0] + 3.0 + bias[1]) / 2
+    torch.testing.assert_close(base.jump_logit[2], (bias[2:].sum() + 3.0) / 2)  # none seen: mean
 
 
 def test_host_jumps_are_summed_out_exactly_per_host():
