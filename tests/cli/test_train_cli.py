@@ -185,6 +185,20 @@ def kill_session(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
+def interrupt_train(tmp: Path, policy: str) -> tuple[subprocess.Popen, str, list[int]]:
+    """Start a 400-iteration train, Ctrl-C its process group once a checkpoint is written;
+    returns the process, its stderr and the worker pids it had."""
+    proc = start_train(tmp, iterations=400, policy=policy)
+    try:
+        wait_until(lambda: (tmp / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        workers = [p for p in children_of(proc.pid) if running(p)]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        kill_session(proc)
+    return proc, stderr, workers
+
+
 def test_resume_after_the_server_is_killed(tmp_path):
     proc = start_train(tmp_path, iterations=80)
     try:
@@ -209,14 +223,7 @@ def test_resume_after_the_server_is_killed(tmp_path):
 
 
 def test_ctrl_c_keeps_what_was_written(tmp_path):
-    proc = start_train(tmp_path, iterations=400)
-    try:
-        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
-        workers = [p for p in children_of(proc.pid) if running(p)]
-        os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        kill_session(proc)
+    proc, stderr, workers = interrupt_train(tmp_path, "static:2")
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("error:")
     assert "Traceback" not in stderr
@@ -232,14 +239,7 @@ def test_ctrl_c_keeps_what_was_written(tmp_path):
 # -- asynchronous policies --------------------------------------------------------------------
 def test_async_ctrl_c_keeps_what_was_written_and_resumes(tmp_path):
     """adasync under Ctrl-C, then --resume for ten more updates (with the JSON contract)."""
-    proc = start_train(tmp_path, iterations=400, policy="adasync")
-    try:
-        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
-        workers = [p for p in children_of(proc.pid) if running(p)]
-        os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        kill_session(proc)
+    proc, stderr, workers = interrupt_train(tmp_path, "adasync")
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
