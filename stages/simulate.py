@@ -158,7 +158,11 @@ def simulate_sync(policy: Policy, run: RunMatrix, start: int, overhead_s: float)
         if isinstance(policy, OracleCutoff):
             policy.reveal(x)
         c, ms = timed_choose(policy, live)
-        order = np.argsort(x, kind="stable")[:c]
+        order = np.argsort(x, kind="stable")
+        if policy.online:
+            c, revise_ms = replay_online(policy, x, order, c, int(live.sum()))
+            ms += revise_ms
+        order = order[:c]
         arrived = np.zeros_like(live)
         arrived[order] = True
         cut = x[order[-1]]
@@ -178,6 +182,28 @@ def simulate_sync(policy: Policy, run: RunMatrix, start: int, overhead_s: float)
             **{k: preds.get(k) for k in PRED_KEYS},
         )
     return result
+
+
+def replay_online(
+    policy: Policy, x: np.ndarray, order: np.ndarray, c: int, live: int
+) -> tuple[int, float]:
+    """Arrivals in ``order`` (by run-time), :meth:`Policy.revise` asked at each; the iteration
+    ends at the first arrival k >= the revised c. Returns k and the milliseconds of the revise
+    call that ended it (the server cannot cut before that call returns)."""
+    arrived = np.zeros(x.shape, dtype=bool)
+    runtimes = np.zeros(x.shape)
+    target, ms = c, 0.0
+    for k in range(1, live + 1):
+        w = order[k - 1]
+        arrived[w], runtimes[w] = True, x[w]
+        if k == live:
+            return k, ms
+        t0 = time.perf_counter()
+        target = policy.revise(float(x[w]), runtimes, arrived)
+        ms = (time.perf_counter() - t0) * 1e3
+        if k >= target:
+            return k, ms
+    return live, ms
 
 
 class WorkerClock:

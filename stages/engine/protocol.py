@@ -18,6 +18,8 @@ PARAMS_TAG = 1
 GRAD_TAG = 2
 PARAM_HEADER = 2  # iteration, cutoff
 GRAD_HEADER = 3  # runtime_s, loss, worker
+ONLINE = 0  # the cutoff a sync iteration announces when the server decides c as gradients arrive
+CLOSED = 1 << 20  # added to an iteration's ticket counter to close it: later tickets exceed any c
 STOP = "stop"
 READY = "ready"  # counter: workers that have started and reached the store
 
@@ -35,8 +37,19 @@ def ticket_key(t: int) -> str:
 
 
 def arrival_key(t: int, ticket: int) -> str:
-    """Which worker holds ticket ``ticket`` of iteration t."""
+    """Which worker holds ticket ``ticket`` of iteration t, and its run-time
+    (:func:`encode_arrival`)."""
     return f"a/{t}/{ticket}"
+
+
+def encode_arrival(worker_id: int, runtime_s: float) -> str:
+    return f"{worker_id},{runtime_s:.9f}"
+
+
+def decode_arrival(blob: bytes) -> tuple[int, float]:
+    """(process id, run-time in seconds) of an arrival key's value."""
+    worker, runtime = blob.decode().split(",")
+    return int(worker), float(runtime)
 
 
 def cut_key(t: int) -> str:

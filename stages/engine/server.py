@@ -138,8 +138,13 @@ class Server:
         c = min(self.policy.choose(self.live.copy()), int(self.live.sum()))
         decision_ms = (time.perf_counter() - tic) * 1e3
         start = time.perf_counter()
-        self.announce(t, c)
-        admitted, grad_sum = self.admit(t, c)
+        if self.policy.online:
+            self.announce(t, P.ONLINE)
+            admitted, grad_sum, revise_ms = self.admit_online(t, c)
+            c, decision_ms = len(admitted), decision_ms + revise_ms
+        else:
+            self.announce(t, c)
+            admitted, grad_sum = self.admit(t, c)
         iteration_s = time.perf_counter() - start
         lr = self.apply(grad_sum, len(admitted))
         runtimes = self.observe(admitted)
@@ -173,16 +178,68 @@ class Server:
         admitted = []
         for work, buf in recvs[:taken]:
             work.wait()
-            runtime, loss, worker = buf[: P.GRAD_HEADER].tolist()
-            admitted.append((int(worker), runtime, loss))
-            if len(admitted) == 1:
-                self.flat_grad.copy_(buf[P.GRAD_HEADER :])
-            else:
-                self.flat_grad.add_(buf[P.GRAD_HEADER :])
+            admitted.append(self.add_gradient(buf, first=not admitted))
         if taken < c:
             self.grad_bufs = []  # receives left posted in this group may still land: new buffers
             self.store.set(P.cut_key(t), "1")  # close the iteration for whoever is still out
         return admitted, (self.flat_grad if admitted else None)
+
+    def admit_online(self, t: int, c: int) -> tuple[list, torch.Tensor | None, float]:
+        """Admit gradients as they arrive, asking the policy at each arrival whether to wait for
+        more (:meth:`Policy.revise`); then close the iteration. Returns the admitted gradients,
+        their sum and the milliseconds of the revise call that ended it."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        runtimes = np.zeros(self.cfg.workers)
+        arrived = np.zeros(self.cfg.workers, dtype=bool)
+        target, revise_ms, taken = c, 0.0, 0
+        while taken < int(self.live.sum()) and self.wait_arrival(t, taken + 1, deadline):
+            taken += 1
+            now = self.read_arrival(t, taken, runtimes, arrived)
+            if taken < int(self.live.sum()):
+                tic = time.perf_counter()
+                target = self.policy.revise(now, runtimes, arrived & self.live)
+                revise_ms = (time.perf_counter() - tic) * 1e3
+            if taken >= target:
+                break
+        taken = self.close(t, taken, deadline, runtimes, arrived)
+        admitted, grad_sum = self.receive(taken)
+        return admitted, grad_sum, revise_ms
+
+    def read_arrival(self, t: int, ticket: int, runtimes: np.ndarray, arrived: np.ndarray):
+        """Record who holds ``ticket`` and its run-time; returns the run-time."""
+        proc, runtime = P.decode_arrival(self.store.get(P.arrival_key(t, ticket)))
+        runtimes[proc - 1], arrived[proc - 1] = max(runtime, 1e-9), True
+        return max(runtime, 1e-9)
+
+    def close(self, t, taken, deadline, runtimes, arrived) -> int:
+        """Close iteration t after ``taken`` tickets: no ticket is handed out any more, and
+        whoever took one meanwhile is admitted too. Returns the number of tickets taken."""
+        total = self.store.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
+        self.store.set(P.cut_key(t), "1")
+        while taken < min(total, int(self.live.sum())) and self.wait_arrival(
+            t, taken + 1, deadline
+        ):
+            taken += 1
+            self.read_arrival(t, taken, runtimes, arrived)
+        return taken
+
+    def receive(self, n: int) -> tuple[list[tuple[int, float, float]], torch.Tensor | None]:
+        """The gradients of the n admitted workers (posted now: each is already on its way),
+        summed into the model's gradient."""
+        admitted = []
+        for work, buf in self.post_receives(n):
+            work.wait()
+            admitted.append(self.add_gradient(buf, first=not admitted))
+        return admitted, (self.flat_grad if admitted else None)
+
+    def add_gradient(self, buf: torch.Tensor, first: bool) -> tuple[int, float, float]:
+        """Add one received gradient payload into the sum; returns (worker, run-time, loss)."""
+        runtime, loss, worker = buf[: P.GRAD_HEADER].tolist()
+        if first:
+            self.flat_grad.copy_(buf[P.GRAD_HEADER :])
+        else:
+            self.flat_grad.add_(buf[P.GRAD_HEADER :])
+        return int(worker), runtime, loss
 
     def post_receives(self, c: int) -> list[tuple[dist.Work, torch.Tensor]]:
         """c any-source receives, posted before the gradients are sent: a gloo send waits for
@@ -318,7 +375,7 @@ class Server:
         arrived = set()
         ticket = 1
         while self.store.check([P.arrival_key(t, ticket)]):
-            arrived.add(int(self.store.get(P.arrival_key(t, ticket)).decode()) - 1)
+            arrived.add(P.decode_arrival(self.store.get(P.arrival_key(t, ticket)))[0] - 1)
             ticket += 1
         return [int(w) for w in np.flatnonzero(self.live) if int(w) not in arrived]
 

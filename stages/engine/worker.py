@@ -111,7 +111,8 @@ class Worker(WorkerProcess):
         t, cutoff = (int(v) for v in self.params[: P.PARAM_HEADER].tolist())
         delay = float(self.delays[t % len(self.delays)])
         cut = delay > 0 and P.wait_key(self.store, P.cut_key(t), delay)
-        loss = None if cut else self.gradient(t, cuttable=cutoff < len(self.members) - 1)
+        workers = len(self.members) - 1
+        loss = None if cut else self.gradient(t, cuttable=cutoff == P.ONLINE or cutoff < workers)
         runtime = time.perf_counter() - start
         censored = loss is None
         if loss is not None:
@@ -138,11 +139,14 @@ class Worker(WorkerProcess):
         return total
 
     def submit(self, t: int, cutoff: int, runtime: float, loss: float) -> None:
-        """Take a ticket; tickets 1..cutoff send their gradient, ticket ``cutoff`` cuts the rest."""
+        """Take a ticket; tickets 1..cutoff send their gradient, ticket ``cutoff`` cuts the rest.
+        With ``cutoff`` ONLINE the server closes the iteration when it has enough (it adds
+        CLOSED to the counter, so later tickets exceed every worker count)."""
         ticket = self.store.add(P.ticket_key(t), 1)
-        if ticket > cutoff:
+        limit = cutoff if cutoff != P.ONLINE else len(self.members) - 1
+        if ticket > limit:
             return
-        self.store.set(P.arrival_key(t, ticket), str(self.spec.worker_id))
+        self.store.set(P.arrival_key(t, ticket), P.encode_arrival(self.spec.worker_id, runtime))
         if ticket == cutoff:
             self.store.set(P.cut_key(t), "1")
         self.grad[: P.GRAD_HEADER] = torch.tensor([runtime, loss, float(self.w)])

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 import torch
+from scipy.special import log_ndtr, ndtri
 
 from stages.errors import ConfigError
 from stages.model.checkpoint import Checkpoint, load_checkpoint
@@ -43,6 +44,9 @@ class RuntimePredictor:
         self.gen = torch.Generator().manual_seed(seed if seed is not None else 0)
         self.host_index = HostIndex.of(host_groups(hosts))
         self.present = torch.ones(self.num_workers, dtype=torch.bool)
+        self._drawn: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._arrivals: Arrivals | None = None
+        self.rng = np.random.default_rng(seed if seed is not None else 0)
         self.hist = HistoryFilter(self.host_index.groups)
         with torch.inference_mode():
             self.params = model.head(worker_idx, host_idx)
@@ -100,8 +104,29 @@ class RuntimePredictor:
         """(S, N) joint samples of the next iteration's run-times, seconds (float32). The result
         is an inference tensor: read or copy it, do not modify it in place."""
         loc, scale = self._next_y_params(num_samples)
+        self._drawn, self._arrivals = (loc, scale), None
         y = self.model.emitter.sample(loc, scale, self.params, self.base, self.host_index, self.gen)
         return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
+
+    def remaining(
+        self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray, waiting: np.ndarray
+    ) -> np.ndarray:
+        """Joint samples, in seconds, of the run-times of the ``waiting`` workers of the
+        iteration the last :meth:`sample` call predicted, given that the ``arrived`` workers
+        took ``runtimes`` and the waiting ones are still running ``now_s`` seconds in: (S,
+        n_waiting), S as in that call. Workers in neither mask (dead) are left out. Meant for
+        deciding, at each arrival, whether the gradients still out are worth waiting for (see
+        :class:`Arrivals`)."""
+        if self._drawn is None:
+            raise RuntimeError("predictor: remaining() needs a sample() of the iteration first")
+        if self._arrivals is None:
+            self._arrivals = Arrivals(self, *self._drawn)
+        norm = self.norm
+        x = np.where(arrived, np.asarray(runtimes, dtype=np.float64), 1.0)
+        y = (np.log(np.maximum(x, 1e-12)) - norm.loc) / norm.scale
+        y_now = (math.log(max(now_s, 1e-12)) - norm.loc) / norm.scale
+        draws = self._arrivals.sample(y, np.asarray(arrived), np.asarray(waiting), y_now)
+        return np.exp(draws * norm.scale + norm.loc)
 
     @torch.inference_mode()
     def log_predictive(self, runtimes, censored, num_samples: int = 256) -> tuple[float, int]:
@@ -122,6 +147,75 @@ class RuntimePredictor:
         log_x = y * self.norm.scale + self.norm.loc
         jacobian = float(((log_x + math.log(self.norm.scale)) * exact).sum())
         return joint - jacobian, int(present.sum())
+
+
+class Arrivals:
+    """The coming iteration's predictive, conditioned on arrivals as they happen.
+
+    At an arrival the server knows which workers' gradients are in (their run-times exactly) and
+    that every other one is still running. Given the emission terms of P draws of z (the first P
+    of the S drawn by :meth:`RuntimePredictor.sample`), the model's likelihood of that weighs the
+    draws and gives each host's posterior jump probability (several of a host's workers late make
+    a slow spell of the whole host likely; its workers still out are then predicted slow) and each
+    waiting worker's posterior mixture component; each of S samples picks a draw by weight, the
+    hosts' jumps and the components from those posteriors, and the waiting workers' y from the
+    chosen normal truncated below at the present moment. Numpy on float64: one call costs about a
+    tenth of a millisecond at N = 32.
+    """
+
+    PARTICLES = 32
+
+    def __init__(self, pred: RuntimePredictor, loc: torch.Tensor, scale: torch.Tensor):
+        p = pred.params
+        self.num_samples = loc.shape[0]
+        self.loc = loc[: self.PARTICLES].double().numpy()
+        self.scale = scale[: self.PARTICLES].double().numpy()
+        to_np = lambda t: t.detach().double().numpy()  # noqa: E731
+        self.shift, self.widen, self.jump = to_np(p.shift), to_np(p.widen), to_np(p.jump)
+        self.log_pi, self.log_1m_pi = to_np(p.log_pi), to_np(p.log_1m_pi)
+        hosts = pred.host_index
+        self.groups = hosts.groups.numpy()
+        self.member = hosts.member.double().numpy()
+        logit = to_np(pred.base.jump_logit[hosts.first])
+        self.log_calm, self.log_jump = -np.logaddexp(0, logit), -np.logaddexp(0, -logit)
+        self.rng = pred.rng
+
+    def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
+        tail without their host's jump, then bulk and tail with it."""
+        loc, sd, shift, jump = self.loc[:, w], self.scale[:, w], self.shift[w], self.jump[w]
+        means = np.stack([loc, loc + shift, loc + jump, loc + jump + shift], -1)
+        wide = sd * self.widen[w]
+        sds = np.stack([sd, wide, sd, wide], -1)
+        logw = np.stack([self.log_1m_pi[w], self.log_pi[w]] * 2, -1)
+        return means, sds, logw
+
+    def sample(self, y, arrived, waiting, y_now) -> np.ndarray:
+        """(S, n_waiting) draws of the waiting workers' y (see the class docstring)."""
+        a, w = np.flatnonzero(arrived), np.flatnonzero(waiting)
+        seen = np.zeros((*self.loc.shape, 2))  # log p(what worker n showed | draw p, jump j)
+        means, sds, logw = self.components(a)
+        dens = -0.5 * ((y[a, None] - means) / sds) ** 2 - np.log(sds) + logw
+        seen[:, a] = np.logaddexp(dens[..., 0::2], dens[..., 1::2])
+        means, sds, logw = self.components(w)
+        log_surv = log_ndtr((means - y_now) / sds)
+        weighted = log_surv + logw
+        seen[:, w] = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])
+        per_host = np.einsum("pnj,ng->pgj", seen, self.member)
+        calm, jump = per_host[..., 0] + self.log_calm, per_host[..., 1] + self.log_jump
+        joint = np.logaddexp(calm, jump).sum(-1)
+        weight = np.cumsum(np.exp(joint - joint.max()))
+        pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
+        pick = np.minimum(pick, weight.size - 1)[:, None]
+        p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, G)
+        shape = (self.num_samples, w.size)
+        comp = 2 * (self.rng.random(shape) < p_jump[pick, self.groups[w]])
+        cols = np.arange(w.size)
+        bulk, tail = weighted[pick, cols, comp], weighted[pick, cols, comp + 1]
+        comp += self.rng.random(shape) * (1.0 + np.exp(bulk - tail)) < 1.0
+        mean, sd = means[pick, cols, comp], sds[pick, cols, comp]
+        above = np.exp(log_surv[pick, cols, comp])  # P(y > y_now) of the chosen component
+        return mean - sd * ndtri(np.maximum(self.rng.random(shape) * above, 1e-300))
 
 
 def load_predictor(

@@ -6,6 +6,10 @@ A policy sees exactly what the parameter server sees. Each iteration the driver 
 off, the censored value (the run-time is >= that value). The driver sets ``overhead_s`` to the
 measured fixed cost of an iteration (broadcast, aggregation) so the objective
 ``c / (E[x_(c)] + overhead_s)`` counts it.
+
+A sync policy with ``online = True`` may also revise c while the iteration runs: the driver calls
+:meth:`Policy.revise` at every arrival with what has arrived so far, and the iteration ends at the
+first arrival at which the arrivals reach the revised c.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ class Predictor(Protocol):
     def sample(self, num_samples: int) -> torch.Tensor:
         """(S, N) joint samples of the next iteration's run-times, seconds."""
 
+    def remaining(
+        self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray, waiting: np.ndarray
+    ) -> np.ndarray:
+        """(S, n_waiting) joint samples of the waiting workers' run-times in the iteration last
+        sampled, given the arrived ones' run-times and that the waiting ones are still running
+        at ``now_s`` (optional: a predictor without it serves the fixed-c rule only)."""
+
 
 class Policy(abc.ABC):
     """Chooses how many gradients the server waits for.
@@ -41,6 +52,7 @@ class Policy(abc.ABC):
     name: str = "policy"
     mode: ClassVar[Mode] = "sync"
     overhead_s: float = 0.0
+    online: bool = False  # sync only: the driver calls revise() at every arrival
 
     @abc.abstractmethod
     def choose(self, live: np.ndarray) -> int:
@@ -51,6 +63,13 @@ class Policy(abc.ABC):
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         """Record one finished iteration: (N,) run-times (seconds) and (N,) bool censoring flags.
         Dead workers appear censored at the cut."""
+
+    def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
+        """Called (when ``online``) at each arrival of a sync iteration, ``now_s`` seconds after
+        it began: ``arrived`` (N,) bool marks the live workers whose gradient is in, with their
+        ``runtimes``. Returns how many gradients to wait for; a value <= arrived.sum() ends the
+        iteration at this arrival. Only called when ``online`` is set."""
+        raise NotImplementedError(f"{self.name} does not revise c during an iteration")
 
     def describe(self) -> dict:
         """Extra per-iteration values the driver records (e.g. predicted quantiles)."""

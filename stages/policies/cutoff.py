@@ -33,7 +33,7 @@ import abc
 
 import numpy as np
 import torch
-from scipy.special import ndtri
+from scipy.special import ndtr, ndtri
 
 from stages.errors import ConfigError
 from stages.policies.base import Policy, Predictor
@@ -43,6 +43,8 @@ QUANTILES = (0.1, 0.5, 0.9)
 
 
 OBJECTIVES = ("long-run", "iteration")
+STOPPING = ("online", "fixed")
+LOOKBACK = 12  # online: arrivals before the chosen c from which revise() weighs stopping
 
 
 def best_cutoff(expected: np.ndarray, overhead_s: float, rate: float | None = None) -> int:
@@ -175,19 +177,28 @@ class MonteCarloCutoff(Policy):
     x_(c) + overhead_s for the c it chose last.
     """
 
-    def __init__(self, num_samples: int = 256, objective: str = "long-run") -> None:
+    def __init__(
+        self, num_samples: int = 256, objective: str = "long-run", stopping: str = "fixed"
+    ) -> None:
         if num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
         if objective not in OBJECTIVES:
             raise ConfigError(
                 f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}"
             )
+        if stopping not in STOPPING:
+            raise ConfigError(f"stopping must be one of {', '.join(STOPPING)}, got {stopping!r}")
         self.num_samples = num_samples
         self.objective = objective
+        self.stopping = stopping
+        self.online = stopping == "online"
         self.tracker = RateTracker()
         self.offered = RateTracker(alpha=0.02)
         self._chosen: np.ndarray | None = None
         self._decided = False
+        self._c: int | None = None  # this iteration's c (choose), its live mask and lambda
+        self._live: np.ndarray | None = None
+        self._rate: float | None = None
 
     @abc.abstractmethod
     def samples(self, live: np.ndarray) -> np.ndarray | None:
@@ -198,14 +209,51 @@ class MonteCarloCutoff(Policy):
         self._decided = True
         draws = self.samples(live)
         if draws is None or draws.shape[1] == 0:
-            self._chosen = None
+            self._chosen = self._c = None
             return max(int(live.sum()), 1)
         ordered = sorted_samples(draws)
         expected = ordered.mean(axis=0)
         rate = self.going_rate(expected) if self.objective == "long-run" else None
         c = best_cutoff(expected, self.overhead_s, rate)
         self._chosen = ordered[:, c - 1]
+        self._c, self._live, self._rate = c, np.asarray(live, dtype=bool).copy(), rate
         return c
+
+    def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
+        """Online stopping: at the k-th arrival (from ``LOOKBACK`` before the chosen c on),
+        draw the waiting workers' run-times given what arrived and that the rest are still out
+        at ``now_s`` (:meth:`conditional`), and stop now unless waiting for some later arrival j
+        is worth more by the same objective as :meth:`choose`: stop if
+
+            k - lambda (now + o)  >=  max_j  j - lambda (E[x_(j) | seen] + o)
+
+        (``iteration`` objective: k / (now + o) against j / (E[x_(j) | seen] + o)). Otherwise
+        returns the best j, and is asked again at the next arrival."""
+        k = int(np.count_nonzero(arrived))
+        if self._c is None or self._live is None:
+            return k if self._c is None else self._c
+        waiting = self._live & ~np.asarray(arrived, dtype=bool)
+        if k < self._c - LOOKBACK or not waiting.any():
+            return self._c if waiting.any() else k
+        draws = self.conditional(now_s, runtimes, arrived, waiting)
+        if draws is None:
+            return self._c
+        expected = sorted_samples(draws).mean(axis=0)
+        later = k + np.arange(1, expected.size + 1)
+        o, rate = self.overhead_s, self._rate
+        if rate is not None and rate > 0:
+            stop, wait = k - rate * (now_s + o), later - rate * (expected + o)
+        else:
+            stop, wait = k / max(now_s + o, 1e-12), later / np.maximum(expected + o, 1e-12)
+        best = int(np.argmax(wait))
+        return k if stop >= wait[best] else int(later[best])
+
+    def conditional(
+        self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray, waiting: np.ndarray
+    ) -> np.ndarray | None:
+        """(S, n_waiting) samples of the waiting workers' run-times given this iteration so far,
+        or None when the policy cannot condition (then revise keeps the chosen c)."""
+        return None
 
     def going_rate(self, expected: np.ndarray) -> float | None:
         """lambda: the rate achieved lately, capped by the recent mean (about 50 iterations) of
@@ -219,9 +267,12 @@ class MonteCarloCutoff(Policy):
         achieved = self.tracker.rate()
         return None if achieved is None else min(achieved, self.offered.rate())
 
-    def spec_name(self, kind: str) -> str:
-        """``kind`` with the objective appended unless it is the default (names key results)."""
-        return kind if self.objective == "long-run" else f"{kind}:{self.objective}"
+    def spec_name(self, kind: str, default_stopping: str = "fixed") -> str:
+        """``kind`` with the objective and the stopping rule appended unless they are the
+        defaults (names key results)."""
+        options = [self.objective] if self.objective != "long-run" else []
+        options += [self.stopping] if self.stopping != default_stopping else []
+        return ":".join([kind, *options])
 
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         """Learn from every observed iteration; count it towards lambda only if this policy chose
@@ -248,9 +299,14 @@ class EcdfCutoff(MonteCarloCutoff):
     distribution, every worker alike)."""
 
     def __init__(
-        self, window: int = 50, num_samples: int = 256, seed: int = 0, objective: str = "long-run"
+        self,
+        window: int = 50,
+        num_samples: int = 256,
+        seed: int = 0,
+        objective: str = "long-run",
+        stopping: str = "fixed",
     ) -> None:
-        super().__init__(num_samples, objective)
+        super().__init__(num_samples, objective, stopping)
         self.name = self.spec_name("ecdf")
         self.window = WindowLogNormal(window)
         self.rng = np.random.default_rng(seed)
@@ -261,6 +317,15 @@ class EcdfCutoff(MonteCarloCutoff):
             return None
         idx = self.rng.integers(0, values.size, (self.num_samples, int(live.sum())))
         return np.exp(values[idx])
+
+    def conditional(self, now_s, runtimes, arrived, waiting) -> np.ndarray | None:
+        """The window's values above ``now_s``, resampled (None when none is)."""
+        values = self.window.values()
+        above = values[values > np.log(max(now_s, 1e-12))]
+        if above.size == 0:
+            return None
+        idx = self.rng.integers(0, above.size, (self.num_samples, int(np.count_nonzero(waiting))))
+        return np.exp(above[idx])
 
     def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.window.observe(runtimes, censored)
@@ -277,8 +342,9 @@ class EwmaCutoff(MonteCarloCutoff):
         num_samples: int = 256,
         seed: int = 0,
         objective: str = "long-run",
+        stopping: str = "fixed",
     ) -> None:
-        super().__init__(num_samples, objective)
+        super().__init__(num_samples, objective, stopping)
         self.name = self.spec_name("ewma")
         self.ewma = EwmaLogNormal(num_workers, alpha=alpha)
         self.rng = np.random.default_rng(seed)
@@ -290,6 +356,14 @@ class EwmaCutoff(MonteCarloCutoff):
         z = self.rng.standard_normal((self.num_samples, int(live.sum())))
         return np.exp(mu[live] + sigma[live] * z)
 
+    def conditional(self, now_s, runtimes, arrived, waiting) -> np.ndarray | None:
+        """Each waiting worker's own log-normal truncated below at ``now_s`` (independent
+        workers: what arrived says nothing about who is still out)."""
+        mu, sigma = (v[waiting] for v in self.ewma.params())
+        above = ndtr((mu - np.log(max(now_s, 1e-12))) / sigma)
+        u = self.rng.random((self.num_samples, mu.size)) * above
+        return np.exp(mu - sigma * ndtri(np.maximum(u, 1e-300)))
+
     def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.ewma.observe(runtimes, censored)
 
@@ -298,16 +372,27 @@ class BdsgdCutoff(MonteCarloCutoff):
     """``bdsgd``: joint samples from the fitted run-time model's posterior predictive."""
 
     def __init__(
-        self, predictor: Predictor, num_samples: int = 256, objective: str = "long-run"
+        self,
+        predictor: Predictor,
+        num_samples: int = 256,
+        objective: str = "long-run",
+        stopping: str = "online",
     ) -> None:
-        super().__init__(num_samples, objective)
-        self.name = self.spec_name("bdsgd")
+        super().__init__(num_samples, objective, stopping)
+        self.name = self.spec_name("bdsgd", default_stopping="online")
         self.predictor = predictor
 
     def samples(self, live: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             draws = self.predictor.sample(self.num_samples)
         return draws.detach().cpu().numpy()[:, live]
+
+    def conditional(self, now_s, runtimes, arrived, waiting) -> np.ndarray | None:
+        """The model's joint predictive of the waiting workers given the arrivals: a host whose
+        workers are late is likely slowed down as a whole (see ``Emitter.conditional_sample``).
+        None for a predictor that cannot condition (it then serves the fixed-c rule)."""
+        remaining = getattr(self.predictor, "remaining", None)
+        return None if remaining is None else remaining(now_s, runtimes, arrived, waiting)
 
     def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.predictor.observe(runtimes, censored)

@@ -32,7 +32,9 @@ class Exploring(Policy):
         self.fraction = fraction
         self.rng = np.random.default_rng(seed)
         self.name = inner.name
+        self.online = inner.online
         self.explored = 0
+        self._exploring = False
 
     @property
     def overhead_s(self) -> float:  # type: ignore[override]
@@ -44,10 +46,17 @@ class Exploring(Policy):
 
     def choose(self, live: np.ndarray) -> int:
         c = self.inner.choose(live)
-        if self.rng.random() < self.fraction:
+        self._exploring = self.rng.random() < self.fraction
+        if self._exploring:
             self.explored += 1
             return max(int(live.sum()), 1)
         return c
+
+    def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
+        """The inner policy's revision, except in an explored iteration (wait for everyone)."""
+        if self._exploring:
+            return np.iinfo(np.int32).max
+        return self.inner.revise(now_s, runtimes, arrived)
 
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.inner.observe(runtimes, censored)

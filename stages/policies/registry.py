@@ -1,8 +1,12 @@
 """Policy specs (``--policy``/``--policies``) to policy objects, for the simulator and the trainer.
 
 Specs: ``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``, ``bdsgd`` (needs a checkpoint),
-each of the last three optionally ``:long-run`` (the default objective) or ``:iteration`` (the
-per-iteration rate c / E[x_(c)]; see ``stages.policies.cutoff``), ``k-batch-sync:K``, ``k-async:K``, ``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation only).
+each of the last three optionally followed by ``:long-run`` (the default objective) or
+``:iteration`` (the per-iteration rate c / E[x_(c)]) and by ``:online`` or ``:fixed`` (revise c at
+every arrival, or keep the c chosen before the iteration; ``bdsgd`` is online by default, ``ecdf``
+and ``ewma`` fixed; see ``stages.policies.cutoff``), ``k-batch-sync:K``, ``k-async:K``,
+``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation
+only).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 from stages.policies.base import Policy
 from stages.policies.cutoff import (
     OBJECTIVES,
+    STOPPING,
     BdsgdCutoff,
     EcdfCutoff,
     ElfvingCutoff,
@@ -29,9 +34,9 @@ SPECS = (
     "full",
     "static:C",
     "elfving",
-    "ecdf[:OBJECTIVE]",
-    "ewma[:OBJECTIVE]",
-    "bdsgd[:OBJECTIVE]",
+    "ecdf[:OBJECTIVE][:STOPPING]",
+    "ewma[:OBJECTIVE][:STOPPING]",
+    "bdsgd[:OBJECTIVE][:STOPPING]",
     "k-batch-sync:K",
     "k-async:K",
     "async",
@@ -39,7 +44,7 @@ SPECS = (
     "oracle",
 )
 ADASYNC_DEFAULT_PERIOD = 100
-MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective
+MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective and a stopping rule
 LEARNING = ("elfving", *MONTE_CARLO)  # the policies that --explore applies to
 
 
@@ -81,15 +86,13 @@ def make_policy(
 def _build(
     kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples
 ) -> Policy:
-    objective = _objective(arg, spec) if kind in MONTE_CARLO else None
+    mc = _monte_carlo_options(arg, spec, kind) if kind in MONTE_CARLO else {}
     simple = {
         "full": FullSync,
         "oracle": OracleCutoff,
         "elfving": ElfvingCutoff,
-        "ecdf": lambda: EcdfCutoff(num_samples=num_samples, seed=seed, objective=objective),
-        "ewma": lambda: EwmaCutoff(
-            num_workers, num_samples=num_samples, seed=seed, objective=objective
-        ),
+        "ecdf": lambda: EcdfCutoff(num_samples=num_samples, seed=seed, **mc),
+        "ewma": lambda: EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **mc),
         "async": lambda: KAsync(1, name="async"),
     }
     if kind in simple:
@@ -104,7 +107,7 @@ def _build(
         return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
     if kind == "bdsgd":
         predictor = _load_predictor(checkpoint, num_workers, hosts, seed)
-        return BdsgdCutoff(predictor, num_samples=num_samples, objective=objective)
+        return BdsgdCutoff(predictor, num_samples=num_samples, **mc)
     raise _unknown(spec)
 
 
@@ -120,11 +123,21 @@ def _count(arg: str, spec: str, limit: int | None) -> int:
     return value
 
 
-def _objective(arg: str, spec: str) -> str:
-    """The objective after the colon of ``ecdf``/``ewma``/``bdsgd`` (default ``long-run``)."""
-    if arg and arg not in OBJECTIVES:
-        raise ConfigError(f"policy {spec!r}: the objective must be one of {', '.join(OBJECTIVES)}")
-    return arg or "long-run"
+def _monte_carlo_options(arg: str, spec: str, kind: str) -> dict[str, str]:
+    """The objective and stopping rule after the colons of ``ecdf``/``ewma``/``bdsgd``, in any
+    order (defaults: ``long-run``; ``online`` for bdsgd, ``fixed`` for the others)."""
+    options = {"objective": "long-run", "stopping": "online" if kind == "bdsgd" else "fixed"}
+    given: set[str] = set()
+    for word in filter(None, arg.split(":")):
+        key = "objective" if word in OBJECTIVES else "stopping" if word in STOPPING else None
+        if key is None or key in given:
+            raise ConfigError(
+                f"policy {spec!r}: options are an objective ({', '.join(OBJECTIVES)}) and a "
+                f"stopping rule ({', '.join(STOPPING)}), at most one of each"
+            )
+        options[key] = word
+        given.add(key)
+    return options
 
 
 def _adasync_period(num_workers: int, iterations: int | None) -> int:

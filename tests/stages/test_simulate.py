@@ -277,3 +277,32 @@ def test_run_directory(tmp_path, monkeypatch):
     assert set(table["policy"]) == {"full", "ewma", "async"}
     ewma_q50 = [q for p, q in zip(table["policy"], table["pred_q50"], strict=True) if p == "ewma"]
     assert all(q is not None for q in ewma_q50[1:])
+
+
+class OnlineRecorder(Recorder):
+    """Chooses ``c``, then at each arrival revises to ``revised``; records the revise calls."""
+
+    online = True
+
+    def __init__(self, c: int, revised: int) -> None:
+        super().__init__(c)
+        self.revised = revised
+        self.calls: list[tuple[float, np.ndarray]] = []
+
+    def revise(self, now_s, runtimes, arrived) -> int:
+        self.calls.append((now_s, arrived.copy()))
+        return self.revised
+
+
+@pytest.mark.parametrize("c, revised", [(3, 1), (1, 3)])
+def test_an_online_policy_ends_the_iteration_at_its_revised_c(c, revised):
+    run = as_run(np.array([[4.0, 1.0, 3.0, 2.0]]))
+    policy = OnlineRecorder(c, revised)
+    result = replay(policy, run, 0, 0.0)
+    assert result.columns["c"] == [revised]
+    assert result.columns["iteration_s"] == [float(revised)]  # the revised c-th arrival
+    # asked at each arrival with exactly the workers in so far, up to the one that ended it
+    assert [now for now, _ in policy.calls] == [1.0, 2.0, 3.0][:revised]
+    assert [a.sum() for _, a in policy.calls] == list(range(1, revised + 1))
+    runtimes, censored = policy.seen[0]
+    assert censored.sum() == 4 - revised and np.all(runtimes[censored] == float(revised))

@@ -114,6 +114,58 @@ def test_server_state_loads_with_weights_only(slow_worker_run):
     assert isinstance(state["overhead"], float)
 
 
+class ScriptedOnline(RecordingStatic):
+    """An online policy: chooses 1, then at every arrival asks for 3 gradients; records what
+    each revise() call was shown."""
+
+    online = True
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.revisions: list[tuple[float, np.ndarray, np.ndarray]] = []
+
+    def revise(self, now_s, runtimes, arrived) -> int:
+        self.revisions.append((now_s, runtimes.copy(), arrived.copy()))
+        return 3
+
+
+MID_S = 0.15
+
+
+@pytest.fixture(scope="module")
+def online_run(tmp_path_factory):
+    """4 workers: 0 and 1 fast, 2 takes 0.15 s, 3 takes 0.5 s; the policy revises c to 3."""
+    tmp = tmp_path_factory.mktemp("online")
+    replay = write_replay_trace(tmp / "replay", [[FAST_S, FAST_S, MID_S, SLOW_S]] * 6)
+    cfg = engine_config(iterations=6, stragglers=f"replay:{replay}")
+    policy = ScriptedOnline()
+    result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None)
+    return cfg, policy, result, TraceStore(tmp / "traces").read()
+
+
+def test_an_online_policy_admits_its_revised_c_as_gradients_arrive(online_run):
+    cfg, policy, result, rows = online_run
+    assert result.log["c"] == [3] * cfg.iterations  # beyond the 1 it chose: it waited for 2
+    assert max(result.log["iteration_s"]) < (MID_S + SLOW_S) / 2  # but not for worker 3
+    assert rows.filter(pl.col("worker") == 3)["censored"].all()
+    assert not rows.filter(pl.col("worker") != 3)["censored"].any()
+    assert rows["cutoff"].to_list() == [3] * rows.height
+    for _, censored in policy.observed:
+        assert censored.tolist() == [False, False, False, True]
+
+
+def test_revise_is_shown_each_arrival_in_order(online_run):
+    cfg, policy, _, _ = online_run
+    assert len(policy.revisions) == 3 * cfg.iterations  # arrivals 1, 2, 3 of each iteration
+    for i in range(0, len(policy.revisions), 3):
+        calls = policy.revisions[i : i + 3]
+        assert [int(a.sum()) for _, _, a in calls] == [1, 2, 3]
+        now, runtimes, arrived = calls[-1]
+        assert arrived.tolist() == [True, True, True, False]
+        assert now == runtimes[2] >= MID_S  # the present is the latest arrival's run-time
+        assert runtimes[:2].max() < MID_S
+
+
 @pytest.mark.parametrize(
     ("scaling", "factor"), [("linear", 0.5), ("sqrt", math.sqrt(0.5)), ("none", 1.0)]
 )

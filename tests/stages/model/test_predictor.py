@@ -63,3 +63,51 @@ def test_same_seed_same_samples(checkpoint_path):
         pred.observe(np.array([0.05, 0.06, 0.04]), np.zeros(3, dtype=bool))
         draws.append(pred.sample(32))
     torch.testing.assert_close(draws[0], draws[1])
+
+
+def host_pair_predictor(tmp_path):
+    """4 workers, hosts a, a, b, b; a host slows down as a whole (jump 3 normalised units) with
+    probability about 1/2 per iteration, so a host mate's run-time says much about a worker's."""
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    tail = sum(model.head.sizes[:6])  # the head's outputs: ..., tail (6), jump weights
+    with torch.no_grad():
+        model.head.mlp[2].bias[tail + 4] = 2.5  # jump size softplus(2.5 + 0.54) ~ 3
+        model.head.mlp[2].bias[tail + 5] = 5.0  # jump logit bias ~ 0
+    vocab = Vocab((0, 1, 2, 3), ("a", "b"), {0: "a", 1: "a", 2: "b", 3: "b"})
+    ckpt = Checkpoint(model, Normaliser(np.log(0.05), 0.3), vocab, ("a", "a", "b", "b"), {}, {})
+    pred = load_predictor(save_checkpoint(tmp_path / "m.pt", ckpt), seed=0)
+    for _ in range(20):
+        pred.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
+    return pred
+
+
+def test_remaining_draws_the_waiting_workers_above_the_present(tmp_path):
+    pred = host_pair_predictor(tmp_path)
+    pred.sample(256)
+    arrived = np.array([True, False, True, False])
+    draws = pred.remaining(0.06, np.array([0.05, 0, 0.055, 0]), arrived, ~arrived)
+    assert draws.shape == (256, 2) and np.isfinite(draws).all() and np.all(draws > 0.06)
+
+
+def test_workers_late_together_predict_their_host_slowed_down(tmp_path):
+    # at the same moment, with two workers still out: both of host a (a slow spell of the
+    # host explains it) or one per host, each with a host mate that arrived on time
+    pred = host_pair_predictor(tmp_path)
+    now = 0.05 * np.exp(0.3 * 1.0)  # 5 spreads above the usual run-time
+    medians = {}
+    for name, out in {"same host": [0, 1], "one per host": [1, 2]}.items():
+        waiting = np.isin(np.arange(4), out)
+        pred.sample(1024)
+        draws = pred.remaining(now, np.where(waiting, 0.0, 0.05), ~waiting, waiting)
+        medians[name] = float(np.median(draws[:, 0]))  # worker 1 in both cases
+    # same host: worker 1 is predicted near the jumped level exp(0.3 * 3.1) * 0.05;
+    # one per host: just above the present
+    assert medians["same host"] > 1.4 * medians["one per host"]
+    assert medians["one per host"] > now
+
+
+def test_remaining_needs_a_sample_first(tmp_path):
+    pred = host_pair_predictor(tmp_path)
+    with pytest.raises(RuntimeError, match="sample"):
+        pred.remaining(0.05, np.zeros(4), np.zeros(4, bool), np.ones(4, bool))

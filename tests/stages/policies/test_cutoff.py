@@ -205,3 +205,70 @@ def test_going_rate_never_exceeds_what_the_predictive_offers():
         policy.observe(np.minimum(runtimes, runtimes[c - 1]), np.arange(4) >= c)
     assert policy.tracker.rate() == pytest.approx(4 / 1.3, rel=0.01)
     assert policy.going_rate(2 * runtimes) == pytest.approx(4 / 2.6, rel=0.01)
+
+
+class ArrivalPredictor(FixedPredictor):
+    """A FixedPredictor that also conditions on arrivals: the waiting workers' run-times are
+    ``now_s`` plus ``extra`` (one row of extra seconds per waiting worker); records each call."""
+
+    def __init__(self, samples: np.ndarray, extra: float) -> None:
+        super().__init__(samples)
+        self.extra = extra
+        self.calls: list[tuple[float, int, int]] = []
+
+    def remaining(self, now_s, runtimes, arrived, waiting) -> np.ndarray:
+        self.calls.append((now_s, int(arrived.sum()), int(waiting.sum())))
+        later = now_s + self.extra * np.arange(1, int(waiting.sum()) + 1)
+        return np.tile(later, (4, 1))
+
+
+def online_bdsgd(extra: float) -> tuple[BdsgdCutoff, ArrivalPredictor]:
+    predictor = ArrivalPredictor(np.tile([1.0, 1.1, 1.2, 10.0], (4, 1)), extra)
+    policy = BdsgdCutoff(predictor, num_samples=4, objective="iteration")
+    assert policy.online and policy.name == "bdsgd:iteration"
+    assert policy.choose(ALL) == 3  # before the iteration: the straggler is not worth it
+    return policy, predictor
+
+
+def arrivals(k: int, runtimes=(1.0, 1.1, 1.2, 10.0)) -> tuple[float, np.ndarray, np.ndarray]:
+    """(now, runtimes, arrived) at the k-th arrival of an iteration with these run-times."""
+    arrived = np.zeros(4, dtype=bool)
+    arrived[np.argsort(runtimes)[:k]] = True
+    return float(np.sort(runtimes)[k - 1]), np.where(arrived, runtimes, 0.0), arrived
+
+
+def test_online_bdsgd_stops_early_when_the_rest_look_slow():
+    # at the 1st arrival (1 s), the model says the others need 10 s more each: 1/1 s beats any
+    # later arrival, so the iteration ends now although choose() said 3
+    policy, predictor = online_bdsgd(extra=10.0)
+    assert policy.revise(*arrivals(1)) == 1
+    assert predictor.calls == [(1.0, 1, 3)]
+
+
+def test_online_bdsgd_waits_beyond_its_c_when_the_rest_are_about_to_arrive():
+    # at the 3rd arrival (1.2 s) the last worker is predicted 0.01 s away: 4/1.21 > 3/1.2
+    policy, _ = online_bdsgd(extra=0.01)
+    assert policy.revise(*arrivals(3)) == 4
+    # and at the 2nd arrival it keeps waiting (returns a target above 2)
+    assert policy.revise(*arrivals(2)) > 2
+
+
+def test_fixed_stopping_and_predictors_without_remaining_keep_the_chosen_c():
+    policy = BdsgdCutoff(FixedPredictor(np.tile([1.0, 1.1, 1.2, 10.0], (4, 1))), num_samples=4)
+    assert policy.online and policy.choose(ALL) == 3
+    assert policy.revise(*arrivals(1)) == 3  # nothing to condition on: c stands
+    fixed = BdsgdCutoff(FixedPredictor(np.ones((4, 4))), num_samples=4, stopping="fixed")
+    assert not fixed.online and fixed.name == "bdsgd:fixed"
+    with pytest.raises(ConfigError):
+        BdsgdCutoff(FixedPredictor(np.ones((4, 4))), stopping="sometimes")
+
+
+def test_ewma_online_draws_the_waiting_workers_above_the_present():
+    policy = EwmaCutoff(4, num_samples=64, stopping="online")
+    assert policy.online and policy.name == "ewma:online"
+    for _ in range(10):
+        policy.observe(np.array([1.0, 1.0, 1.0, 2.0]), np.zeros(4, dtype=bool))
+    policy.choose(ALL)
+    now, runtimes, arrived = arrivals(2, (1.0, 1.0, 1.5, 2.0))
+    draws = policy.conditional(now, runtimes, arrived, ~arrived)
+    assert draws.shape == (64, 2) and np.all(draws > now)

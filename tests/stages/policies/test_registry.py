@@ -56,5 +56,14 @@ def test_monte_carlo_policies_take_an_objective():
     assert make_policy("ewma:long-run", 4).name == "ewma"
     with pytest.raises(ConfigError, match="objective"):
         make_policy("ewma:fastest", 4)
+
+
+def test_monte_carlo_policies_take_a_stopping_rule_in_either_order():
+    assert not make_policy("ewma", 4).online
+    policy = make_policy("ewma:online:iteration", 4)
+    assert policy.online and policy.objective == "iteration"
+    assert policy.name == make_policy("ewma:iteration:online", 4).name == "ewma:iteration:online"
+    with pytest.raises(ConfigError, match="at most one of each"):
+        make_policy("ecdf:online:fixed", 4)
     with pytest.raises(ConfigError, match="unknown policy"):
         make_policy("elfving:iteration", 4)
