@@ -28,7 +28,7 @@ CLUSTER := synthetic:base_s=0.02,p_slow=0.03,p_recover=0.1,slow_factor=4
 
 demo: $(STAMP)
 	rm -rf $(DEMO)
-	$(BIN)/bdsgd profile --workers 4 --iterations 200 --traces $(DEMO)/traces --stragglers $(CLUSTER) --seed 0
+	$(BIN)/bdsgd profile --workers 4 --iterations 300 --traces $(DEMO)/traces --stragglers $(CLUSTER) --seed 0
 	$(BIN)/bdsgd fit --traces $(DEMO)/traces --checkpoint $(DEMO)/model.pt --steps 300
 	# every policy on the profile's held-out last 20% (fit trained on the first 80%)
 	$(BIN)/bdsgd simulate --traces $(DEMO)/traces --checkpoint $(DEMO)/model.pt --from-frac 0.8 \

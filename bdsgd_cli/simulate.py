@@ -24,7 +24,8 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
     default="",
     help="Comma-separated specs (full, static:C, elfving, ecdf, ewma, bdsgd, k-batch-sync:K, "
     "k-async:K, async, adasync, oracle; ecdf, ewma and bdsgd take ':iteration' for the "
-    "per-iteration objective); default: every policy that applies.",
+    "per-iteration objective and ':online' or ':fixed' to revise c at every arrival or not; "
+    "bdsgd is online by default); default: every policy that applies.",
 )
 @click.option(
     "--overhead-s",

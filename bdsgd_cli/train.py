@@ -27,8 +27,9 @@ SPEC_KEYS = (
 @click.option("--iterations", type=int, help="Iterations T (with --resume: extend the run to T).")
 @click.option(
     "--policy",
-    help="Cutoff: full, static:C, elfving, ecdf, ewma, bdsgd; asynchronous: k-async:K, async, "
-    "adasync[:G] (--iterations then counts updates).",
+    help="Cutoff: full, static:C, elfving, ecdf, ewma, bdsgd (revises c as gradients arrive; "
+    "bdsgd:fixed does not); asynchronous: k-async:K, async, adasync[:G] (--iterations then "
+    "counts updates).",
 )
 @click.option(
     "--traces", type=click.Path(file_okay=False), help="Trace store the rows are appended to."

@@ -5,6 +5,9 @@ settings) trains on the first 80% of it, and ``bdsgd simulate --from-frac 0.8`` 
 20% through every cutoff policy, censored as the server would see it (the policies first observe
 the earlier 80% as recorded). ``oracle_ratio`` is throughput over the oracle's on the same
 run-times; "best static" is the best ``static:C`` in hindsight (C = N/2 .. N, step 2).
+``bdsgd`` revises c at every arrival (online stopping, the default); ``bdsgd:fixed`` keeps the c
+chosen before the iteration, and ``ewma:online`` gives the EWMA peer the same online rule, so the
+table separates what the rule buys from what the model buys.
 
 Clusters:
 
@@ -36,7 +39,7 @@ from stages.store import RunMatrix, TraceStore, matrix_rows
 from stages.stragglers import SyntheticCluster
 
 HOLDOUT_FROM = 0.8
-SYNC = ["full", "elfving", "ecdf", "ewma", "bdsgd"]
+SYNC = ["full", "elfving", "ecdf", "ewma", "ewma:online", "bdsgd", "bdsgd:fixed"]
 
 
 def ar_rack_cluster(seed: int, iterations: int, workers: int, hosts: int = 8, racks: int = 2):
@@ -119,22 +122,24 @@ def evaluate(name: str, iterations: int, workers: int, steps: int, root: Path) -
         "ratio": ratio,
         "best_static": best_static,
         "bdsgd_c": metrics["bdsgd"]["mean_c"],
+        "bdsgd_ms": metrics["bdsgd"]["decision_ms"],
     }
 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| cluster | fit s | val_nll (window / ewma) | bdsgd | mean c | ewma | ecdf | elfving | "
-        "best static | full |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cluster | fit s | val_nll (window / ewma) | bdsgd | mean c | decision ms p50 | "
+        "bdsgd:fixed | ewma | ewma:online | ecdf | elfving | best static | full |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         q, b = r["ratio"], r["baseline_nll"]
         lines.append(
             f"| {r['name']} | {r['fit_s']:.0f} | {r['val_nll']:.2f} ({b['window']:.2f} / "
-            f"{b['ewma']:.2f}) | **{q['bdsgd']:.3f}** | {r['bdsgd_c']:.1f} | {q['ewma']:.3f} | "
-            f"{q['ecdf']:.3f} | {q['elfving']:.3f} | {q[r['best_static']]:.3f} "
-            f"(`{r['best_static']}`) | {q['full']:.3f} |"
+            f"{b['ewma']:.2f}) | **{q['bdsgd']:.3f}** | {r['bdsgd_c']:.1f} | "
+            f"{r['bdsgd_ms']:.2f} | {q['bdsgd:fixed']:.3f} | {q['ewma']:.3f} | "
+            f"{q['ewma:online']:.3f} | {q['ecdf']:.3f} | {q['elfving']:.3f} | "
+            f"{q[r['best_static']]:.3f} (`{r['best_static']}`) | {q['full']:.3f} |"
         )
     return "\n".join(lines)
 
