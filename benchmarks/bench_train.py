@@ -72,7 +72,15 @@ def write_cluster(root: Path, total: int, split: float) -> tuple[Path, Path]:
 
 
 def policy_runs(root: Path, late: Path, ckpt: Path, iterations: int) -> dict[str, dict]:
-    specs = ["full", f"static:{WORKERS - 1}", f"static:{WORKERS - 2}", "ecdf", "ewma", "bdsgd"]
+    specs = [
+        "full",
+        f"static:{WORKERS - 1}",
+        f"static:{WORKERS - 2}",
+        "ecdf",
+        "ewma",
+        "bdsgd",
+        "bdsgd:fixed",
+    ]
     out = {}
     for spec in specs:
         cfg = TrainConfig(

@@ -4,7 +4,8 @@ The filter keeps P particles ``z_t^(p) ~ q(z_t | z_{t-1}^(p), x_{<=t})`` (the gu
 the encoder's GRU state ``h_t`` and the workers' history features. ``observe`` advances all of
 them by one iteration (O(N + P), no loop over workers); ``sample(S)`` draws
 ``z_{t+1} ~ p(z_{t+1} | z_t^(p))`` and then all N run-times jointly from the emission in a
-few batched tensor operations. Per-worker emission parameters are computed once, at construction.
+few batched tensor operations; ``remaining`` conditions that iteration's draws on the arrivals so
+far (:class:`Arrivals`). Per-worker emission parameters are computed once, at construction.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ class Arrivals:
     a slow spell of the whole host likely; its workers still out are then predicted slow) and each
     waiting worker's posterior mixture component; each of S samples picks a draw by weight, the
     hosts' jumps and the components from those posteriors, and the waiting workers' y from the
-    chosen normal truncated below at the present moment. Numpy on float64: one call costs about a
-    tenth of a millisecond at N = 32.
+    chosen normal truncated below at the present moment. Numpy on float64: one call costs about
+    half a millisecond at N = 32 and S = 256 (``benchmarks/bench_predictor.py``).
     """
 
     PARTICLES = 32
@@ -201,8 +202,8 @@ class Arrivals:
         log_surv = log_ndtr((means - y_now) / sds)
         weighted = log_surv + logw
         seen[:, w] = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])
-        per_host = np.einsum("pnj,ng->pgj", seen, self.member)
-        calm, jump = per_host[..., 0] + self.log_calm, per_host[..., 1] + self.log_jump
+        per_host = seen.transpose(0, 2, 1) @ self.member  # (P, 2, G), a BLAS matmul
+        calm, jump = per_host[:, 0] + self.log_calm, per_host[:, 1] + self.log_jump
         joint = np.logaddexp(calm, jump).sum(-1)
         weight = np.cumsum(np.exp(joint - joint.max()))
         pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])

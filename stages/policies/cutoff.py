@@ -209,8 +209,9 @@ class MonteCarloCutoff(Policy):
         self._decided = True
         draws = self.samples(live)
         if draws is None or draws.shape[1] == 0:
-            self._chosen = self._c = None
-            return max(int(live.sum()), 1)
+            self._chosen, self._live = None, None  # nothing to revise from either
+            self._c = max(int(live.sum()), 1)
+            return self._c
         ordered = sorted_samples(draws)
         expected = ordered.mean(axis=0)
         rate = self.going_rate(expected) if self.objective == "long-run" else None
@@ -230,8 +231,8 @@ class MonteCarloCutoff(Policy):
         (``iteration`` objective: k / (now + o) against j / (E[x_(j) | seen] + o)). Otherwise
         returns the best j, and is asked again at the next arrival."""
         k = int(np.count_nonzero(arrived))
-        if self._c is None or self._live is None:
-            return k if self._c is None else self._c
+        if self._c is None or self._live is None:  # not chosen by this policy, or blind
+            return self._c if self._c is not None else np.iinfo(np.int32).max
         waiting = self._live & ~np.asarray(arrived, dtype=bool)
         if k < self._c - LOOKBACK or not waiting.any():
             return self._c if waiting.any() else k

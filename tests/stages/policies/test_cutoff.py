@@ -272,3 +272,9 @@ def test_ewma_online_draws_the_waiting_workers_above_the_present():
     now, runtimes, arrived = arrivals(2, (1.0, 1.0, 1.5, 2.0))
     draws = policy.conditional(now, runtimes, arrived, ~arrived)
     assert draws.shape == (64, 2) and np.all(draws > now)
+
+
+def test_an_online_policy_with_nothing_to_go_on_waits_for_everyone():
+    policy = EwmaCutoff(4, stopping="online")
+    assert policy.choose(ALL) == 4  # no history: every worker
+    assert policy.revise(*arrivals(1)) == 4  # and the first arrival does not end it
