@@ -4,6 +4,8 @@ Each run's last ``holdout`` share of iterations is held out; SVI (ELBO, ClippedA
 random windows of the first part of every run and of a copy of it cut off as a cutoff policy
 would (see :func:`policy_censored`: the model is used on censored data, so it learns from some), then :mod:`stages.model.evaluate` scores the
 held-out part for the model and the ``window``/``ewma`` baselines, and the checkpoint is written.
+Runs recorded under an asynchronous policy (``async``, ``adasync``, ``k-async:K``) are skipped
+with a note: their rows count each worker's own computations, not iterations begun together.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyro
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
@@ -21,6 +24,7 @@ from pyro.optim import ClippedAdam
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from stages.console import console
 from stages.errors import ConfigError, TraceError
 from stages.model.checkpoint import (
     Checkpoint,
@@ -33,7 +37,7 @@ from stages.model.checkpoint import (
 from stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
 from stages.model.evaluate import NllReport, evaluate, split
 from stages.model.runtime_model import ModelConfig, RuntimeModel
-from stages.store import RunMatrix, TraceStore
+from stages.store import RunMatrix, TraceStore, to_run_matrix
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,14 +181,37 @@ def policy_censored(
     return RunMatrix(f"{run.run_id}-cut", runtimes, censored, run.present, run.hosts)
 
 
+ASYNC_POLICIES = ("async", "adasync", "k-async")
+
+
 def _load_runs(traces: Path) -> list[RunMatrix]:
-    """Every run of the store with at least 3 iterations (a held-out tail needs a head)."""
+    """Every synchronous run of the store with at least 3 iterations (a held-out tail needs a
+    head). Runs of an asynchronous policy are skipped, with a note: their rows are numbered by
+    each worker's own computations, so a row is not one iteration that every worker began
+    together, which is what the model describes."""
     if not Path(traces).is_dir():
         raise TraceError(f"no trace store at {traces}")
-    runs = [r for r in TraceStore(traces).run_matrices() if r.shape[0] >= 3]
+    rows = TraceStore(traces).read()
+    skipped = asynchronous_runs(rows)
+    if skipped:
+        console.print(
+            f"fit: skipping {len(skipped)} asynchronous run(s) ({', '.join(sorted(skipped)[:3])}"
+            f"{' ...' if len(skipped) > 3 else ''}): their rows are not synchronous iterations"
+        )
+    ids = sorted(set(rows["run_id"].unique()) - skipped)
+    runs = [to_run_matrix(rows.filter(pl.col("run_id") == rid)) for rid in ids]
+    runs = [r for r in runs if r.shape[0] >= 3]
     if not runs:
-        raise TraceError(f"trace store {traces} has no run with at least 3 iterations")
+        raise TraceError(f"trace store {traces} has no synchronous run with at least 3 iterations")
     return runs
+
+
+def asynchronous_runs(rows: pl.DataFrame) -> set[str]:
+    """Run ids whose rows were written under an asynchronous policy (``async``, ``adasync``,
+    ``k-async:K``)."""
+    policies = rows.select("run_id", "policy").unique()
+    kinds = policies["policy"].str.split(":").list.first()
+    return set(policies.filter(kinds.is_in(list(ASYNC_POLICIES)))["run_id"].to_list())
 
 
 def _head(run: RunMatrix, end: int) -> RunMatrix:

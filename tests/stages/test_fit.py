@@ -12,7 +12,7 @@ from stages.errors import CheckpointError, ConfigError, TraceError
 from stages.fit import FitConfig, policy_censored, run_fit
 from stages.model.checkpoint import load_checkpoint
 from stages.model.predictor import load_predictor
-from stages.store import RunMatrix, TraceStore
+from stages.store import RunMatrix, TraceStore, matrix_rows
 from stages.stragglers import SyntheticCluster
 from tests.stages.model.clusters import write_run
 
@@ -126,3 +126,25 @@ def test_policy_censored_copy_cuts_each_iteration_at_its_cth_arrival():
             assert np.all(cut.runtimes[t, late] == x[t, arrived].max())
             assert x[t, late].min() >= x[t, arrived].max()
     assert cut.censored.any() and not cut.censored.all()
+
+
+def test_asynchronous_runs_are_skipped_with_a_note(tmp_path, capsys):
+    store = _store(tmp_path / "traces")
+    x = SyntheticCluster(seed=1, hosts=2).delays(40, 5)
+    run = RunMatrix(
+        "train-async", x, np.zeros_like(x, dtype=bool), np.ones_like(x, bool), ("h",) * 5
+    )
+    store.append(matrix_rows(run, policy="k-async:3", source="train"))
+    result = run_fit(_config(tmp_path))
+    assert "skipping 1 asynchronous run(s) (train-async)" in capsys.readouterr().err
+    assert load_checkpoint(result.checkpoint).summary["runs"] == 1
+
+
+def test_a_store_of_asynchronous_runs_only_is_a_trace_error(tmp_path):
+    x = SyntheticCluster(seed=1, hosts=2).delays(40, 5)
+    run = RunMatrix(
+        "train-async", x, np.zeros_like(x, dtype=bool), np.ones_like(x, bool), ("h",) * 5
+    )
+    TraceStore(tmp_path / "traces").append(matrix_rows(run, policy="adasync", source="train"))
+    with pytest.raises(TraceError, match="no synchronous run"):
+        run_fit(_config(tmp_path))
