@@ -18,7 +18,7 @@ from bdsgd_cli.common import emit_json, run_stage
     type=click.Path(dir_okay=False),
     help="Where to write the fitted model (one file, written atomically).",
 )
-@click.option("--steps", type=int, default=1000, show_default=True, help="SVI steps.")
+@click.option("--steps", type=int, default=2000, show_default=True, help="SVI steps.")
 @options.seed
 @click.option(
     "--init",

@@ -173,8 +173,8 @@ class MonteCarloCutoff(Policy):
 
     Before any data it waits for everyone. ``objective`` is ``long-run`` (the default) or
     ``iteration`` (see the module's docstring). Subclasses implement :meth:`samples` and
-    :meth:`learn`. :meth:`describe` gives the 10/50/90% quantiles of the predicted iteration time
-    x_(c) + overhead_s for the c it chose last.
+    :meth:`learn`. :meth:`describe` gives the 10/50/90% quantiles of the iteration time
+    x_(c) + overhead_s predicted before the last iteration, for the c it ended with.
     """
 
     def __init__(
@@ -199,6 +199,7 @@ class MonteCarloCutoff(Policy):
         self._c: int | None = None  # this iteration's c (choose), its live mask and lambda
         self._live: np.ndarray | None = None
         self._rate: float | None = None
+        self._ordered: np.ndarray | None = None  # (S, n) sorted samples behind the choice
 
     @abc.abstractmethod
     def samples(self, live: np.ndarray) -> np.ndarray | None:
@@ -209,16 +210,23 @@ class MonteCarloCutoff(Policy):
         self._decided = True
         draws = self.samples(live)
         if draws is None or draws.shape[1] == 0:
-            self._chosen, self._live = None, None  # nothing to revise from either
+            self._chosen = self._live = self._ordered = None  # nothing to revise from either
             self._c = max(int(live.sum()), 1)
             return self._c
         ordered = sorted_samples(draws)
         expected = ordered.mean(axis=0)
         rate = self.going_rate(expected) if self.objective == "long-run" else None
         c = best_cutoff(expected, self.overhead_s, rate)
-        self._chosen = ordered[:, c - 1]
+        self._chosen, self._ordered = ordered[:, c - 1], ordered
         self._c, self._live, self._rate = c, np.asarray(live, dtype=bool).copy(), rate
         return c
+
+    def predicted_for(self, c: int) -> None:
+        """Make :meth:`describe` report the predicted time of the c-th arrival for the c the
+        iteration ended with (an online policy may have revised the chosen one), from the same
+        samples drawn before the iteration."""
+        if self._ordered is not None and 1 <= c <= self._ordered.shape[1]:
+            self._chosen = self._ordered[:, c - 1]
 
     def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
         """Online stopping: at the k-th arrival (from ``LOOKBACK`` before the chosen c on),
@@ -281,6 +289,7 @@ class MonteCarloCutoff(Policy):
         the rate this policy achieves, and would hold lambda far too low for a long time)."""
         if self._decided:
             self.tracker.observe(runtimes, censored, self.overhead_s)
+            self.predicted_for(int(np.count_nonzero(~np.asarray(censored, dtype=bool))))
         self._decided = False
         self.learn(runtimes, censored)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import torch
@@ -78,3 +79,18 @@ def test_bad_option_value_is_a_one_line_error(tmp_path):
         "--traces", str(store.path), "--checkpoint", str(tmp_path / "m.pt"), "--steps", "0"
     )
     assert result.exit_code != 0 and result.stderr.strip() == "error: fit: steps must be >= 1"
+
+
+def test_cli_defaults_are_the_stage_config_defaults():
+    from bdsgd_cli.fit import fit
+    from stages.fit import FitConfig
+
+    fields = {
+        f.name: f.default
+        for f in dataclasses.fields(FitConfig)
+        if f.default is not dataclasses.MISSING
+    }
+    shared = {p.name: p.default for p in fit.params if p.name in fields and p.default is not None}
+    assert "steps" in shared
+    for name, default in shared.items():
+        assert default == fields[name], name

@@ -278,3 +278,10 @@ def test_an_online_policy_with_nothing_to_go_on_waits_for_everyone():
     policy = EwmaCutoff(4, stopping="online")
     assert policy.choose(ALL) == 4  # no history: every worker
     assert policy.revise(*arrivals(1)) == 4  # and the first arrival does not end it
+
+
+def test_describe_predicts_the_time_of_the_c_the_iteration_ended_with():
+    policy, _ = online_bdsgd(extra=0.01)  # chose 3, then waits for the 4th
+    assert policy.revise(*arrivals(3)) == 4
+    policy.observe(np.array([1.0, 1.1, 1.2, 1.21]), np.zeros(4, dtype=bool))
+    assert policy.describe()["pred_q50"] == pytest.approx(10.0)  # the samples' x_(4), not x_(3)
