@@ -18,10 +18,14 @@ Clusters:
 - ``arrack``: *not* our generator (:func:`ar_rack_cluster`): per-worker AR(1) log-speed, host
   slowdowns of random size (x1.5 to x4) lasting gamma-distributed spells, rack-wide congestion
   bursts that decay, gamma noise and rare exponential spikes. The model's structure does not
-  match it, which is the point.
+  match it, which is the point;
+- ``throttle``: *not* our generator either (:func:`throttle_cluster`): hosts slow down and recover
+  gradually (no jumps), with drift, log-normal noise and Pareto spikes. The hardest of the six
+  for the model: a host's workers are cut off for the whole of a slow spell, and how much slower
+  than the cut they are is what censoring hides.
 
 Reproduce: ``.venv/bin/python -c "from benchmarks.bench_heldout import run; print(run())"``
-(or ``make bench``). A full run fits five models (about 3 minutes each on 2 cores, at the
+(or ``make bench``). A full run fits six models (about 3 minutes each on 2 cores, at the
 default 2000 steps).
 """
 
@@ -68,6 +72,26 @@ def ar_rack_cluster(seed: int, iterations: int, workers: int, hosts: int = 8, ra
     return out, [f"h{h}" for h in host]
 
 
+def throttle_cluster(seed: int, iterations: int, workers: int, hosts: int = 8):
+    """(T, N) run-times and host names of hosts that slow down *gradually* (thermal throttling:
+    each host's slowdown moves 10% of the way to a target per iteration, the target switching
+    between 0 and a random 0.5-1.2 in log with probability 0.01), a cluster-wide drift, log-normal
+    noise and Pareto spikes: host-correlated like the others, but without jumps."""
+    rng = np.random.default_rng(seed)
+    host = np.arange(workers) % hosts
+    base = np.log(0.03) + rng.normal(0, 0.15, workers)
+    heat, target = np.zeros(hosts), np.zeros(hosts)
+    out = np.zeros((iterations, workers))
+    for t in range(iterations):
+        flip = rng.random(hosts) < 0.01
+        target[flip] = np.where(target[flip] > 0, 0.0, rng.uniform(0.5, 1.2, flip.sum()))
+        heat += 0.1 * (target - heat)
+        drift = 0.3 * np.sin(2 * np.pi * t / 500)
+        spike = (rng.random(workers) < 0.01) * rng.pareto(2.0, workers) * 0.5
+        out[t] = np.exp(base + heat[host] + drift + rng.normal(0, 0.2, workers) + spike)
+    return out, [f"n{h}" for h in host]
+
+
 def synthetic(seed: int, **kwargs) -> Callable[[int, int], tuple[np.ndarray, list[str]]]:
     def make(iterations: int, workers: int):
         cluster = SyntheticCluster(seed=seed, **kwargs)
@@ -91,6 +115,7 @@ CLUSTERS: dict[str, Callable[[int, int], tuple[np.ndarray, list[str]]]] = {
         drift_period=300,
     ),
     "arrack": lambda t, n: ar_rack_cluster(0, t, n),
+    "throttle": lambda t, n: throttle_cluster(5, t, n),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.bench_heldout import CLUSTERS, ar_rack_cluster, write_store
+from benchmarks.bench_heldout import CLUSTERS, ar_rack_cluster, throttle_cluster, write_store
 from stages.store import TraceStore
 
 
@@ -27,3 +27,15 @@ def test_every_cluster_writes_a_store_that_reads_back(tmp_path):
         back = TraceStore(tmp_path / name).run_matrix("heldout")
         np.testing.assert_allclose(back.runtimes, x)
         assert tuple(back.hosts) == run.hosts and not back.censored.any()
+
+
+def test_throttle_cluster_slows_hosts_down_gradually():
+    x, hosts = throttle_cluster(5, 800, 16)
+    np.testing.assert_array_equal(x, throttle_cluster(5, 800, 16)[0])
+    assert x.shape == (800, 16) and np.all(np.isfinite(x)) and np.all(x > 0)
+    host = np.array([int(h[1:]) for h in hosts])
+    level = np.stack([np.log(x[:, host == h]).mean(axis=1) for h in range(8)], axis=1)
+    steps = np.abs(np.diff(level, axis=0))
+    # host levels move a lot over the run but little from one iteration to the next
+    assert (level.max(axis=0) - level.min(axis=0)).max() > 0.8
+    assert np.median(steps) < 0.2
