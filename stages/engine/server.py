@@ -20,6 +20,8 @@ from stages.policies.base import Policy
 from stages.store import TraceWriter
 from stages.workloads import Workload
 
+CLOSE_GRACE_S = 5.0  # how long a closing server waits for a ticket holder to name itself
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
@@ -186,48 +188,54 @@ class Server:
 
     def admit_online(self, t: int, c: int) -> tuple[list, torch.Tensor | None, float]:
         """Admit gradients as they arrive, asking the policy at each arrival whether to wait for
-        more (:meth:`Policy.revise`); then close the iteration. Returns the admitted gradients,
-        their sum and the milliseconds of the revise call that ended it."""
+        more (:meth:`Policy.revise`), then close the iteration. A receive is posted for each
+        ticket as it is read, so admitted gradients land while the server decides. Returns the
+        admitted gradients, their sum and the milliseconds of the revise call that ended it."""
         deadline = time.monotonic() + self.cfg.timeout_s
         runtimes = np.zeros(self.cfg.workers)
         arrived = np.zeros(self.cfg.workers, dtype=bool)
-        target, revise_ms, taken = c, 0.0, 0
-        while taken < int(self.live.sum()) and self.wait_arrival(t, taken + 1, deadline):
-            taken += 1
-            now = self.read_arrival(t, taken, runtimes, arrived)
-            if taken < int(self.live.sum()):
+        recvs: list[tuple[dist.Work, torch.Tensor]] = []
+        target, revise_ms = c, 0.0
+        while len(recvs) < int(self.live.sum()) and self.wait_arrival(t, len(recvs) + 1, deadline):
+            self.read_arrival(t, len(recvs) + 1, runtimes, arrived)
+            recvs.append(self.post_receive(len(recvs)))
+            if len(recvs) < int(self.live.sum()):
                 tic = time.perf_counter()
+                # the present: the longest run-time in so far (tickets come in wall-clock order,
+                # run-times count from each worker's own receipt of the parameters)
+                now = float(runtimes[arrived].max())
                 target = self.policy.revise(now, runtimes, arrived & self.live)
                 revise_ms = (time.perf_counter() - tic) * 1e3
-            if taken >= target:
+            if len(recvs) >= target:
                 break
-        taken = self.close(t, taken, deadline, runtimes, arrived)
-        admitted, grad_sum = self.receive(taken)
+        self.close(t, recvs, runtimes, arrived)
+        admitted, grad_sum = self.receive(recvs)
         return admitted, grad_sum, revise_ms
 
     def read_arrival(self, t: int, ticket: int, runtimes: np.ndarray, arrived: np.ndarray):
-        """Record who holds ``ticket`` and its run-time; returns the run-time."""
+        """Record who holds ``ticket`` and its run-time."""
         proc, runtime = P.decode_arrival(self.store.get(P.arrival_key(t, ticket)))
         runtimes[proc - 1], arrived[proc - 1] = max(runtime, 1e-9), True
-        return max(runtime, 1e-9)
 
-    def close(self, t, taken, deadline, runtimes, arrived) -> int:
-        """Close iteration t after ``taken`` tickets: no ticket is handed out any more, and
-        whoever took one meanwhile is admitted too. Returns the number of tickets taken."""
+    def close(self, t: int, recvs: list, runtimes: np.ndarray, arrived: np.ndarray) -> None:
+        """Close iteration t: no ticket is handed out any more, and whoever took one meanwhile is
+        admitted too (a receive for each, so no sender is left without one). Their names appear
+        right after their tickets; one that does not within a short grace died in between, and
+        is left to the liveness checks."""
         total = self.store.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
         self.store.set(P.cut_key(t), "1")
-        while taken < min(total, int(self.live.sum())) and self.wait_arrival(
-            t, taken + 1, deadline
-        ):
-            taken += 1
-            self.read_arrival(t, taken, runtimes, arrived)
-        return taken
+        grace = time.monotonic() + min(self.cfg.timeout_s, CLOSE_GRACE_S)
+        while len(recvs) < min(total, len(self.members) - 1):
+            if not P.wait_key_until(self.store, P.arrival_key(t, len(recvs) + 1), grace):
+                return
+            self.read_arrival(t, len(recvs) + 1, runtimes, arrived)
+            recvs.append(self.post_receive(len(recvs)))
 
-    def receive(self, n: int) -> tuple[list[tuple[int, float, float]], torch.Tensor | None]:
-        """The gradients of the n admitted workers (posted now: each is already on its way),
-        summed into the model's gradient."""
+    def receive(self, recvs: list[tuple[dist.Work, torch.Tensor]]):
+        """Wait for the posted receives; the admitted gradients, summed into the model's
+        gradient, and their (worker, run-time, loss)."""
         admitted = []
-        for work, buf in self.post_receives(n):
+        for work, buf in recvs:
             work.wait()
             admitted.append(self.add_gradient(buf, first=not admitted))
         return admitted, (self.flat_grad if admitted else None)
@@ -245,10 +253,14 @@ class Server:
         """c any-source receives, posted before the gradients are sent: a gloo send waits for
         its receive, so admitted workers' sends complete as they arrive, in any order (each
         payload names its worker)."""
-        while len(self.grad_bufs) < c:
+        return [self.post_receive(i) for i in range(c)]
+
+    def post_receive(self, i: int) -> tuple[dist.Work, torch.Tensor]:
+        """An any-source gradient receive into the i-th receive buffer."""
+        while len(self.grad_bufs) <= i:
             self.grad_bufs.append(torch.zeros(self.grad_size))
-        bufs = self.grad_bufs[:c]
-        return [(self.group.recv_anysource([buf], P.GRAD_TAG), buf) for buf in bufs]
+        buf = self.grad_bufs[i]
+        return self.group.recv_anysource([buf], P.GRAD_TAG), buf
 
     def wait_tickets(self, t: int, c: int) -> int:
         """How many of tickets 1..c were taken: all c, in one store wait while every worker is

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 import torch
-from scipy.special import log_ndtr, ndtri
+from scipy.special import log_ndtr, ndtri_exp
 
 from stages.errors import ConfigError
 from stages.model.checkpoint import Checkpoint, load_checkpoint
@@ -207,16 +207,17 @@ class Arrivals:
         joint = np.logaddexp(calm, jump).sum(-1)
         weight = np.cumsum(np.exp(joint - joint.max()))
         pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
-        pick = np.minimum(pick, weight.size - 1)[:, None]
+        pick = np.minimum(pick, weight.size - 1)
         p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, G)
-        shape = (self.num_samples, w.size)
-        comp = 2 * (self.rng.random(shape) < p_jump[pick, self.groups[w]])
-        cols = np.arange(w.size)
+        jumped = self.rng.random(p_jump[pick].shape) < p_jump[pick]  # (S, G): one per host
+        comp = 2 * jumped[:, self.groups[w]]  # the host mates of a sample share it
+        pick, cols = pick[:, None], np.arange(w.size)
         bulk, tail = weighted[pick, cols, comp], weighted[pick, cols, comp + 1]
-        comp += self.rng.random(shape) * (1.0 + np.exp(bulk - tail)) < 1.0
+        comp += self.rng.random(comp.shape) * (1.0 + np.exp(bulk - tail)) < 1.0
         mean, sd = means[pick, cols, comp], sds[pick, cols, comp]
-        above = np.exp(log_surv[pick, cols, comp])  # P(y > y_now) of the chosen component
-        return mean - sd * ndtri(np.maximum(self.rng.random(shape) * above, 1e-300))
+        # y > y_now drawn by inverting P(y > v) = U P(y > y_now), in logs (no underflow far out)
+        log_above = np.log(self.rng.random(comp.shape)) + log_surv[pick, cols, comp]
+        return mean - sd * ndtri_exp(log_above)
 
 
 def load_predictor(

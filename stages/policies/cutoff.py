@@ -33,7 +33,7 @@ import abc
 
 import numpy as np
 import torch
-from scipy.special import ndtr, ndtri
+from scipy.special import log_ndtr, ndtri, ndtri_exp
 
 from stages.errors import ConfigError
 from stages.policies.base import Policy, Predictor
@@ -370,9 +370,9 @@ class EwmaCutoff(MonteCarloCutoff):
         """Each waiting worker's own log-normal truncated below at ``now_s`` (independent
         workers: what arrived says nothing about who is still out)."""
         mu, sigma = (v[waiting] for v in self.ewma.params())
-        above = ndtr((mu - np.log(max(now_s, 1e-12))) / sigma)
-        u = self.rng.random((self.num_samples, mu.size)) * above
-        return np.exp(mu - sigma * ndtri(np.maximum(u, 1e-300)))
+        log_above = log_ndtr((mu - np.log(max(now_s, 1e-12))) / sigma)
+        u = np.log(self.rng.random((self.num_samples, mu.size))) + log_above
+        return np.exp(mu - sigma * ndtri_exp(u))
 
     def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.ewma.observe(runtimes, censored)

@@ -111,3 +111,25 @@ def test_remaining_needs_a_sample_first(tmp_path):
     pred = host_pair_predictor(tmp_path)
     with pytest.raises(RuntimeError, match="sample"):
         pred.remaining(0.05, np.zeros(4), np.zeros(4, bool), np.ones(4, bool))
+
+
+def test_host_mates_still_out_slow_down_together_within_a_draw(tmp_path):
+    # host a's two workers are out at a usual moment: about half the draws have host a in a slow
+    # spell, and then both of its workers are slow in that draw, not one of them at random
+    pred = host_pair_predictor(tmp_path)
+    pred.sample(2048)
+    waiting = np.array([True, True, False, False])
+    draws = np.log(pred.remaining(0.05, np.where(waiting, 0.0, 0.05), ~waiting, waiting))
+    slow = draws > np.log(0.05) + 0.3 * 1.5  # half way to the jumped level
+    assert 0.2 < slow[:, 0].mean() < 0.8
+    assert np.mean(slow[:, 0] == slow[:, 1]) > 0.95
+    assert np.all(draws > np.log(0.05))
+
+
+def test_remaining_stays_above_the_present_far_in_the_tail(tmp_path):
+    pred = host_pair_predictor(tmp_path)
+    pred.sample(256)
+    arrived = np.array([True, False, True, True])
+    now = 0.05 * np.exp(0.3 * 60)  # 60 normalised units: every component's survival underflows
+    draws = pred.remaining(now, np.where(arrived, 0.05, 0.0), arrived, ~arrived)
+    assert np.isfinite(draws).all() and np.all(draws >= now)

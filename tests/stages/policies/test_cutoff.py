@@ -285,3 +285,14 @@ def test_describe_predicts_the_time_of_the_c_the_iteration_ended_with():
     assert policy.revise(*arrivals(3)) == 4
     policy.observe(np.array([1.0, 1.1, 1.2, 1.21]), np.zeros(4, dtype=bool))
     assert policy.describe()["pred_q50"] == pytest.approx(10.0)  # the samples' x_(4), not x_(3)
+
+
+def test_ewma_online_draws_stay_above_the_present_far_in_its_tail():
+    policy = EwmaCutoff(4, num_samples=64, stopping="online")
+    for _ in range(30):  # a tight history around 1 s
+        policy.observe(np.array([1.0, 1.01, 0.99, 1.0]), np.zeros(4, dtype=bool))
+    policy.choose(ALL)
+    _, runtimes, arrived = arrivals(1, (1.0, 1e4, 1e4, 1e4))
+    # 1e4 s is about 90 spreads out: P(x > now) underflows to 0 in plain arithmetic
+    draws = policy.conditional(1e4, runtimes, arrived, ~arrived)
+    assert np.isfinite(draws).all() and np.all(draws >= 1e4)
