@@ -177,14 +177,11 @@ class Server:
         or timed out), summed into the model's gradient."""
         recvs = self.post_receives(c)
         taken = self.wait_tickets(t, c)
-        admitted = []
-        for work, buf in recvs[:taken]:
-            work.wait()
-            admitted.append(self.add_gradient(buf, first=not admitted))
+        admitted, grad_sum = self.receive(recvs[:taken])
         if taken < c:
             self.grad_bufs = []  # receives left posted in this group may still land: new buffers
             self.store.set(P.cut_key(t), "1")  # close the iteration for whoever is still out
-        return admitted, (self.flat_grad if admitted else None)
+        return admitted, grad_sum
 
     def admit_online(self, t: int, c: int) -> tuple[list, torch.Tensor | None, float]:
         """Admit gradients as they arrive, asking the policy at each arrival whether to wait for

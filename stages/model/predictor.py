@@ -23,6 +23,7 @@ from stages.model.data import HistoryFilter, Normaliser, host_groups
 from stages.model.runtime_model import HostIndex, RuntimeModel
 
 DEFAULT_PARTICLES = 64
+CONSTANTS = ("shift", "widen", "jump", "log_pi", "log_1m_pi")  # WorkerParams fields Arrivals uses
 
 
 class RuntimePredictor:
@@ -47,6 +48,7 @@ class RuntimePredictor:
         self.present = torch.ones(self.num_workers, dtype=torch.bool)
         self._drawn: tuple[torch.Tensor, torch.Tensor] | None = None
         self._arrivals: Arrivals | None = None
+        self._constants: dict[str, np.ndarray] | None = None
         self.rng = np.random.default_rng(seed if seed is not None else 0)
         self.hist = HistoryFilter(self.host_index.groups)
         with torch.inference_mode():
@@ -109,6 +111,18 @@ class RuntimePredictor:
         y = self.model.emitter.sample(loc, scale, self.params, self.base, self.host_index, self.gen)
         return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
 
+    def worker_constants(self) -> dict[str, np.ndarray]:
+        """The per-worker emission constants :class:`Arrivals` uses, as float64 numpy arrays,
+        converted once for the predictor's worker set."""
+        if self._constants is None:
+            p, hosts = self.params, self.host_index
+            self._constants = {
+                **{k: getattr(p, k).detach().double().numpy() for k in CONSTANTS},
+                "groups": hosts.groups.numpy(),
+                "member": hosts.member.double().numpy(),
+            }
+        return self._constants
+
     def remaining(
         self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray, waiting: np.ndarray
     ) -> np.ndarray:
@@ -167,17 +181,12 @@ class Arrivals:
     PARTICLES = 32
 
     def __init__(self, pred: RuntimePredictor, loc: torch.Tensor, scale: torch.Tensor):
-        p = pred.params
         self.num_samples = loc.shape[0]
         self.loc = loc[: self.PARTICLES].double().numpy()
         self.scale = scale[: self.PARTICLES].double().numpy()
-        to_np = lambda t: t.detach().double().numpy()  # noqa: E731
-        self.shift, self.widen, self.jump = to_np(p.shift), to_np(p.widen), to_np(p.jump)
-        self.log_pi, self.log_1m_pi = to_np(p.log_pi), to_np(p.log_1m_pi)
-        hosts = pred.host_index
-        self.groups = hosts.groups.numpy()
-        self.member = hosts.member.double().numpy()
-        logit = to_np(pred.base.jump_logit[hosts.first])
+        for name, value in pred.worker_constants().items():  # the same every iteration
+            setattr(self, name, value)
+        logit = pred.base.jump_logit[pred.host_index.first].double().numpy()
         self.log_calm, self.log_jump = -np.logaddexp(0, logit), -np.logaddexp(0, -logit)
         self.rng = pred.rng
 

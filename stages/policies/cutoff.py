@@ -194,7 +194,7 @@ class MonteCarloCutoff(Policy):
         self.online = stopping == "online"
         self.tracker = RateTracker()
         self.offered = RateTracker(alpha=0.02)
-        self._chosen: np.ndarray | None = None
+        self._described: int | None = None  # the c describe() reports on
         self._decided = False
         self._c: int | None = None  # this iteration's c (choose), its live mask and lambda
         self._live: np.ndarray | None = None
@@ -210,14 +210,14 @@ class MonteCarloCutoff(Policy):
         self._decided = True
         draws = self.samples(live)
         if draws is None or draws.shape[1] == 0:
-            self._chosen = self._live = self._ordered = None  # nothing to revise from either
+            self._live = self._ordered = self._described = None  # nothing to revise from either
             self._c = max(int(live.sum()), 1)
             return self._c
         ordered = sorted_samples(draws)
         expected = ordered.mean(axis=0)
         rate = self.going_rate(expected) if self.objective == "long-run" else None
         c = best_cutoff(expected, self.overhead_s, rate)
-        self._chosen, self._ordered = ordered[:, c - 1], ordered
+        self._ordered, self._described = ordered, c
         self._c, self._live, self._rate = c, np.asarray(live, dtype=bool).copy(), rate
         return c
 
@@ -226,7 +226,7 @@ class MonteCarloCutoff(Policy):
         iteration ended with (an online policy may have revised the chosen one), from the same
         samples drawn before the iteration."""
         if self._ordered is not None and 1 <= c <= self._ordered.shape[1]:
-            self._chosen = self._ordered[:, c - 1]
+            self._described = c
 
     def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
         """Online stopping: at the k-th arrival (from ``LOOKBACK`` before the chosen c on),
@@ -298,9 +298,9 @@ class MonteCarloCutoff(Policy):
         """Update the source of the samples with one observed iteration."""
 
     def describe(self) -> dict:
-        if self._chosen is None:
+        if self._ordered is None or self._described is None:
             return {}
-        q = np.quantile(self._chosen, QUANTILES) + self.overhead_s
+        q = np.quantile(self._ordered[:, self._described - 1], QUANTILES) + self.overhead_s
         return {"pred_q10": float(q[0]), "pred_q50": float(q[1]), "pred_q90": float(q[2])}
 
 
