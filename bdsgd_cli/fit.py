@@ -44,6 +44,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @click.option(
     "--no-progress", "progress", flag_value=False, default=True, help="No progress bar on stderr."
 )
+@options.skip_bad_files
 @options.json_out
 @run_stage
 def fit(json_out: bool, traces: str, checkpoint: str, init: str | None, **kwargs) -> None:
@@ -78,4 +79,20 @@ def _print_table(result) -> None:
     for name, nll in (("model", result.val_nll), *result.baseline_nll.items()):
         table.add_row(name, f"{nll:.4f}")
     console.print(table)
+    if line := _calibration_line(result.calibration):
+        console.print(line)
     console.print(f"checkpoint: {result.checkpoint}  ({result.fit_s:.1f} s)")
+
+
+def _calibration_line(calibration: dict | None) -> str | None:
+    """How often the held-out values fell inside the model's central 90% predictive interval,
+    with a warning outside 85-95% (a predictive too sure or too vague where policies cut)."""
+    if not calibration or calibration["runtime"]["coverage"] is None:
+        return None
+    parts = []
+    for key, label in (("runtime", "run-times"), ("order_stat", "x_(c)")):
+        cover = calibration[key]["coverage"]
+        if cover is not None:
+            warn = "" if 0.85 <= cover <= 0.95 else " [yellow](outside 85-95%)[/]"
+            parts.append(f"{label} {cover:.1%}{warn}")
+    return "held-out inside the central 90% predictive interval: " + ", ".join(parts)

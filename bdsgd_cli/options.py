@@ -34,7 +34,7 @@ workload = click.option(
     "--workload",
     default="mlp",
     show_default=True,
-    help="Built-in workload (mlp, cnn) or module:function returning a Workload.",
+    help="Built-in workload (mlp, cnn, transformer) or module:function returning a Workload.",
 )
 batch_size = click.option(
     "--batch-size", type=int, default=32, show_default=True, help="Mini-batch size per worker."
@@ -68,4 +68,34 @@ explore = click.option(
     show_default=True,
     help="Fraction of iterations in which the learning cutoff policies (elfving, ecdf, ewma, "
     "bdsgd) wait for every worker, so that the slow tail is observed uncensored.",
+)
+allow_oversubscribe = click.option(
+    "--allow-oversubscribe",
+    is_flag=True,
+    help="Start more worker processes than this machine's cores and memory run (refused "
+    "otherwise, before any process starts).",
+)
+engine = click.option(
+    "--engine",
+    type=click.Choice(["auto", "collective", "ps"]),
+    default="auto",
+    show_default=True,
+    help="collective: every worker holds a replica and the cut happens inside one all-reduce "
+    "(gloo or NCCL); ps: a parameter server process holds the model; auto: collective for the "
+    "cutoff policies, ps for the asynchronous ones (they run on ps only).",
+)
+device = click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where the collective engine's workers compute: each takes its own GPU (LOCAL_RANK) "
+    "and NCCL when there are enough, gloo otherwise; auto: cuda when a GPU is visible.",
+)
+skip_bad_files = click.option(
+    "--skip-bad-files",
+    is_flag=True,
+    default=False,
+    help="Leave out trace files that are unreadable or not valid schema v1 (each is named on "
+    "stderr) instead of refusing the store; no file is modified.",
 )

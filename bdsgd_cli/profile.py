@@ -20,8 +20,11 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.time_scale
 @options.seed
 @options.micro_batches
+@options.engine
+@options.device
 @options.host
 @options.timeout
+@options.allow_oversubscribe
 @options.json_out
 @run_stage
 def profile(json_out: bool, traces: str, **kwargs) -> None:

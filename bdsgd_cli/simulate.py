@@ -25,7 +25,8 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
     help="Comma-separated specs (full, static:C, elfving, ecdf, ewma, bdsgd, k-batch-sync:K, "
     "k-async:K, async, adasync, oracle; ecdf, ewma and bdsgd take ':iteration' for the "
     "per-iteration objective and ':online' or ':fixed' to revise c at every arrival or not; "
-    "bdsgd is online by default); default: every policy that applies.",
+    "bdsgd is online by default; elfving, ecdf, ewma and bdsgd take ':goodput' to value c "
+    "gradients by their gain, see --noise-scale); default: every policy that applies.",
 )
 @click.option(
     "--overhead-s",
@@ -46,8 +47,20 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
 @click.option(
     "--sample", type=int, help="Simulate T iterations drawn from --checkpoint's model instead."
 )
+@click.option(
+    "--noise-scale",
+    help="Gradient noise scale in samples, or a train run's iterations.parquet (or run "
+    "directory) whose noise_scale column gives it by iteration: fed to the policies, and each "
+    "cutoff policy reports goodput (gain(c) per second).",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    help="Per-worker batch size the noise scale refers to [default: the train run's, or 32].",
+)
 @options.explore
 @options.seed
+@options.skip_bad_files
 @options.json_out
 @run_stage
 def simulate(
@@ -59,8 +72,11 @@ def simulate(
     run_id,
     from_frac,
     sample,
+    noise_scale,
+    batch_size,
     explore,
     seed,
+    skip_bad_files,
     json_out,
 ) -> None:
     """Replay recorded run-times (or the fitted model's own samples) through every cutoff and
@@ -76,8 +92,11 @@ def simulate(
         run_id=run_id,
         from_frac=from_frac,
         sample=sample,
+        noise_scale=noise_scale,
+        batch_size=batch_size,
         explore=explore,
         seed=seed,
+        skip_bad_files=skip_bad_files,
     )
     summary = run_simulate(config)
     print_ranking(summary)
@@ -97,25 +116,32 @@ def spec_json(summary: dict) -> dict:
         "policies": policies,
         "best": summary["best"],
         "best_async": summary["best_async"],
+        **({"best_goodput": summary["best_goodput"]} if "best_goodput" in summary else {}),
     }
 
 
 def print_ranking(summary: dict) -> None:
-    """A rich table on stderr, best throughput first, naming the best cutoff policy."""
+    """A rich table on stderr, best throughput (with --noise-scale: goodput) first, naming the
+    best cutoff policy."""
     from rich import box
     from rich.table import Table
 
     from stages.console import console
+    from stages.policies.selfcheck import lean_message
 
     title = f"{summary['workers']} workers, {summary['iterations']} iterations"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    goodput = "best_goodput" in summary
     table.add_column("policy", no_wrap=True)
-    for column in ("grad/s", "vs oracle", "mean c", "ms p50", "ms p99", "idle", "stale"):
+    first = ("goodput",) if goodput else ()
+    for column in (*first, "grad/s", "vs oracle", "mean c", "ms p50", "ms p99", "idle", "stale"):
         table.add_column(column, justify="right", no_wrap=True)
-    ranked = sorted(summary["policies"].items(), key=lambda kv: -kv[1]["throughput"])
+    key = "goodput" if goodput else "throughput"
+    ranked = sorted(summary["policies"].items(), key=lambda kv: -kv[1].get(key, float("-inf")))
     for name, m in ranked:
         table.add_row(
             name,
+            *([f"{m['goodput']:.1f}" if "goodput" in m else "-"] if goodput else []),
             f"{m['throughput']:.1f}",
             f"{m['oracle_ratio']:.3f}",
             f"{m['mean_c']:.1f}",
@@ -126,5 +152,10 @@ def print_ranking(summary: dict) -> None:
         )
     console.print(table)
     console.print(f"best cutoff policy for this cluster: [bold]{summary['best']}[/bold]")
+    if goodput:
+        console.print(f"most progress per second (goodput): [bold]{summary['best_goodput']}[/bold]")
     if summary["best_async"]:
         console.print(f"best asynchronous or batch variant: {summary['best_async']}")
+    for name, m in summary["policies"].items():
+        if line := lean_message(name, m.get("self_check")):
+            console.print(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
@@ -41,16 +42,37 @@ SPEC_KEYS = (
 @options.workload
 @options.batch_size
 @options.micro_batches
+@options.engine
+@options.device
+@click.option(
+    "--salvage",
+    is_flag=True,
+    help="Collective engine: a cut-off worker contributes the micro-batches it finished before "
+    "the cut (see docs/policies.md for what this does to the estimator).",
+)
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate at c = N.")
 @click.option(
     "--lr-scaling",
-    type=click.Choice(["linear", "sqrt", "none"]),
+    type=click.Choice(["linear", "sqrt", "none", "adascale"]),
     default="linear",
     show_default=True,
-    help="How the learning rate follows the number of gradients c.",
+    help="How the learning rate follows the number of gradients c (adascale: by their gain "
+    "from the gradient noise scale, see docs/policies.md).",
 )
 @options.seed
 @click.option("--target-loss", type=float, help="Smoothed training loss that defines time_to_loss.")
+@click.option(
+    "--stop-at-target",
+    is_flag=True,
+    help="End the run once the smoothed training loss reaches --target-loss (summary.json's "
+    "'stopped' says why a run ended).",
+)
+@click.option(
+    "--max-wall-s",
+    type=float,
+    help="End the run once its wall clock passes this many seconds, whatever --iterations says "
+    "(compare policies on the same time budget).",
+)
 @click.option(
     "--min-workers",
     type=int,
@@ -69,10 +91,18 @@ SPEC_KEYS = (
     "--resume",
     "resume",
     type=click.Path(file_okay=False, exists=True),
-    help="Continue the killed run in this run directory.",
+    help="Continue the killed run in this run directory (a module:function workload must be "
+    "given again with --workload: the run directory is not trusted to name code).",
 )
 @options.host
 @options.timeout
+@options.allow_oversubscribe
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into an --out that is not empty (a previous run's config, state, summary and "
+    "iterations there are replaced; other files are left alone).",
+)
 @options.json_out
 @run_stage
 def train(json_out: bool, resume: str | None, **kwargs) -> None:
@@ -92,7 +122,11 @@ def _config(resume: str | None, kw: dict):
     from stages.train import TrainConfig, resume_config
 
     if resume:
-        return resume_config(Path(resume), kw["iterations"])
+        given = click.get_current_context().get_parameter_source("workload")
+        workload = kw["workload"] if given == ParameterSource.COMMANDLINE else None
+        return resume_config(
+            Path(resume), kw["iterations"], kw["allow_oversubscribe"], workload=workload
+        )
     missing = [
         f"--{k.replace('_', '-')}"
         for k in ("workers", "iterations", "policy", "traces", "out")

@@ -39,6 +39,9 @@ ITERATION_COLUMNS: tuple[pa.Field, ...] = (
     pa.field("pred_q10", pa.float64(), nullable=True),  # predicted iteration time quantiles
     pa.field("pred_q50", pa.float64(), nullable=True),
     pa.field("pred_q90", pa.float64(), nullable=True),
+    pa.field("noise_scale", pa.float64(), nullable=True),  # gradient noise scale B, samples
+    pa.field("gain", pa.float64(), nullable=True),  # what the c gradients were worth: gain(c)
+    pa.field("peer", pa.string(), nullable=True),  # self-checking bdsgd: the peer whose c it played
 )
 ITERATION_SCHEMA = pa.schema(ITERATION_COLUMNS, metadata={b"bdsgd.run_dir": b"1"})
 

@@ -34,6 +34,11 @@ COLUMNS: tuple[pa.Field, ...] = (
 REQUIRED = tuple(f.name for f in COLUMNS)
 SCHEMA = pa.schema(COLUMNS, metadata={VERSION_KEY: SCHEMA_VERSION.encode()})
 SOURCES = ("profile", "train", "import")
+MAX_ITERATION = 2**31 - 1
+"""Largest iteration a trace may hold (at one iteration a millisecond, 24 days of them): a value
+beyond is taken for corruption, not for a run, so no reader sizes anything by it."""
+MAX_WORLD_SIZE = 2**20
+"""Largest world size a trace may declare (a million workers)."""
 
 
 def to_table(columns: Mapping[str, Sequence | pa.Array]) -> pa.Table:
@@ -89,7 +94,8 @@ def validate_schema(schema: pa.Schema, where: str = "trace") -> None:
 
 def validate_table(table: pa.Table, where: str = "trace") -> None:
     """Check schema and values: no nulls where not allowed, run-times finite and > 0, workers in
-    0..world_size-1, world_size >= 1, and no duplicate (run_id, iteration, worker)."""
+    0..world_size-1, world_size in 1..MAX_WORLD_SIZE, iterations in 0..MAX_ITERATION, and no
+    duplicate (run_id, iteration, worker)."""
     validate_schema(table.schema, where)
     validate_values(table, where)
 
@@ -129,6 +135,8 @@ def _check_workers(table: pa.Table, where: str) -> None:
     world, worker = table["world_size"], table["worker"]
     if pc.any(pc.less(world, 1)).as_py():
         raise TraceError(f"{where}: world_size must be >= 1")
+    if (largest := pc.max(world).as_py()) > MAX_WORLD_SIZE:
+        raise TraceError(f"{where}: world_size {largest} is above {MAX_WORLD_SIZE}")
     out = pc.or_(pc.less(worker, 0), pc.greater_equal(worker, world))
     if pc.any(out).as_py():
         row = pc.index(out, True).as_py()
@@ -137,6 +145,8 @@ def _check_workers(table: pa.Table, where: str) -> None:
         )
     if pc.any(pc.less(table["iteration"], 0)).as_py():
         raise TraceError(f"{where}: iteration must be >= 0")
+    if (last := pc.max(table["iteration"]).as_py()) > MAX_ITERATION:
+        raise TraceError(f"{where}: iteration {last} is above {MAX_ITERATION}")
 
 
 def _check_unique(table: pa.Table, where: str) -> None:

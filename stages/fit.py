@@ -2,7 +2,10 @@
 
 Each run's last ``holdout`` share of iterations is held out; SVI (ELBO, ClippedAdam) trains on
 random windows of the first part of every run and of a copy of it cut off as a cutoff policy
-would (see :func:`policy_censored`: the model is used on censored data, so it learns from some), then :mod:`stages.model.evaluate` scores the
+would (see :func:`policy_censored`: the model is used on censored data, so it learns from some),
+:mod:`stages.model.recalibrate` measures on the first half of the held-out part how much
+slowdown all workers share beyond what the model predicts (so that x_(c) is calibrated), then
+:mod:`stages.model.evaluate` scores the
 held-out part for the model and the ``window``/``ewma`` baselines, and the checkpoint is written.
 Runs recorded under an asynchronous policy (``async``, ``adasync``, ``k-async:K``) are skipped
 with a note: their rows count each worker's own computations, not iterations begun together.
@@ -36,6 +39,7 @@ from stages.model.checkpoint import (
 )
 from stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
 from stages.model.evaluate import NllReport, evaluate, split
+from stages.model.recalibrate import common_slowdown, recalibration_spans
 from stages.model.runtime_model import ModelConfig, RuntimeModel
 from stages.store import RunMatrix, TraceStore, to_run_matrix
 
@@ -65,7 +69,9 @@ class FitConfig:
     lr: float = 3e-3
     """Initial learning rate; it decays tenfold over the steps."""
     holdout: float = 0.2
-    """Share of each run's last iterations held out for val_nll (0: train on all, no val_nll)."""
+    """Share of each run's last iterations held out for val_nll (0: train on all, no val_nll).
+    Its first half also measures the shared slowdown (``stages.model.recalibrate``), so the
+    reported calibration covers its second half only."""
     z_dim: int = 8
     """Latent state size K."""
     hidden: int = 64
@@ -80,6 +86,9 @@ class FitConfig:
     """torch CPU threads while fitting (the networks are small: one thread is usually fastest)."""
     progress: bool = True
     """Show a progress bar with the ELBO on stderr."""
+    skip_bad_files: bool = False
+    """Leave out (with a note) trace files that are unreadable or not valid schema v1, instead
+    of refusing the store; the files are never modified."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -109,6 +118,8 @@ class FitResult:
     fit_s: float
     losses: list[float] = field(repr=False)
     """ELBO loss per SVI step, nats per training entry (lower is better)."""
+    calibration: dict | None = None
+    """Held-out calibration of the predictive (``stages.model.evaluate.PitCollector``)."""
 
     def to_json(self) -> dict:
         return {
@@ -117,13 +128,14 @@ class FitResult:
             "baseline_nll": self.baseline_nll,
             "checkpoint": str(self.checkpoint),
             "fit_s": round(self.fit_s, 3),
+            "calibration": self.calibration,
         }
 
 
 def run_fit(config: FitConfig) -> FitResult:
     """Train, evaluate on the held-out tails, save the checkpoint; see the module docstring."""
     began = time.perf_counter()
-    runs = _load_runs(config.traces)
+    runs = _load_runs(config.traces, config.skip_bad_files)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
@@ -143,10 +155,15 @@ def _fit(config: FitConfig, runs: list[RunMatrix], began: float) -> FitResult:
     shown = train_runs + [policy_censored(r, rng) for r in train_runs if config.censor_copy]
     losses = train(model, [_tensors(r, norm, vocab) for r in shown], config)
     ckpt = Checkpoint(model, norm, vocab, runs[-1].hosts, _plain(config), {})
+    spans = recalibration_spans(runs, config.holdout)  # first half of the held-out part
+    common = common_slowdown(ckpt, runs, spans, seed=config.seed)
+    ckpt = dataclasses.replace(ckpt, common=common)
     report = None
-    if config.holdout > 0:
-        report = evaluate(ckpt, runs, config.holdout, config.eval_samples, config.seed)
-    ckpt = dataclasses.replace(ckpt, summary=_summary(config, runs, report))
+    if config.holdout > 0:  # calibration on the second half: neither trained nor recalibrated on
+        report = evaluate(
+            ckpt, runs, config.holdout, config.eval_samples, config.seed, calibration_skip=0.5
+        )
+    ckpt = dataclasses.replace(ckpt, summary=_summary(config, runs, report, ckpt.common))
     save_checkpoint(config.checkpoint, ckpt)
     return FitResult(
         steps=config.steps,
@@ -155,6 +172,7 @@ def _fit(config: FitConfig, runs: list[RunMatrix], began: float) -> FitResult:
         checkpoint=config.checkpoint,
         fit_s=time.perf_counter() - began,
         losses=losses,
+        calibration=report.calibration if report else None,
     )
 
 
@@ -187,14 +205,14 @@ def policy_censored(
 ASYNC_POLICIES = ("async", "adasync", "k-async")
 
 
-def _load_runs(traces: Path) -> list[RunMatrix]:
+def _load_runs(traces: Path, skip_bad_files: bool = False) -> list[RunMatrix]:
     """Every synchronous run of the store with at least 3 iterations (a held-out tail needs a
     head). Runs of an asynchronous policy are skipped, with a note: their rows are numbered by
     each worker's own computations, so a row is not one iteration that every worker began
     together, which is what the model describes."""
     if not Path(traces).is_dir():
         raise TraceError(f"no trace store at {traces}")
-    rows = TraceStore(traces).read()
+    rows = TraceStore(traces, skip_bad_files=skip_bad_files).read()
     skipped = asynchronous_runs(rows)
     if skipped:
         console.print(
@@ -296,11 +314,15 @@ def _plain(config: FitConfig) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(config).items()}
 
 
-def _summary(config: FitConfig, runs: list[RunMatrix], report: NllReport | None) -> dict:
+def _summary(
+    config: FitConfig, runs: list[RunMatrix], report: NllReport | None, common: tuple
+) -> dict:
     return {
         "steps": config.steps,
         "val_nll": report.model if report else None,
         "baseline_nll": {"window": report.window, "ewma": report.ewma} if report else None,
+        "calibration": report.calibration if report else None,
+        "common_slowdown": list(common),
         "traces": str(config.traces),
         "workers": max(r.shape[1] for r in runs),
         "runs": len(runs),

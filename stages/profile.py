@@ -6,6 +6,7 @@ every iteration is observed, none censored.
 
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,10 @@ from pathlib import Path
 import polars as pl
 from rich.table import Table
 
+from stages.capacity import check_capacity
 from stages.console import console, progress
+from stages.engine.config import engine_config
 from stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
-from stages.engine.server import engine_config
 from stages.errors import ConfigError
 from stages.policies.registry import make_policy
 from stages.store import TraceStore, new_run_id
@@ -42,10 +44,17 @@ class ProfileConfig:
     """Seed of the workload, the data streams and the synthetic stragglers."""
     micro_batches: int = 4
     """Micro-batches per mini-batch (the points where a computation can be abandoned)."""
+    engine: str = "auto"
+    """collective (replicas, the cut inside an all-reduce), ps (parameter server) or auto
+    (collective for the cutoff policies, ps for the asynchronous ones, which need it)."""
+    device: str = "auto"
+    """auto, cpu or cuda: where the collective engine's workers compute."""
     host: str = "127.0.0.1"
     """Address the control store and the server bind to."""
     timeout_s: float = 60.0
     """Longest wait on another process before it is declared dead."""
+    allow_oversubscribe: bool = False
+    """Start more workers than this machine runs (:mod:`stages.capacity`)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -54,8 +63,10 @@ class ProfileConfig:
             raise ConfigError(f"--iterations must be >= 1, got {self.iterations}")
         if self.batch_size < 1 or self.micro_batches < 1 or self.batch_size < self.micro_batches:
             raise ConfigError("--batch-size must be >= 1 and at least the number of micro-batches")
-        if self.timeout_s <= 0:
-            raise ConfigError("--timeout must be > 0")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(
+                f"--timeout must be a finite number of seconds > 0, got {self.timeout_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -75,10 +86,13 @@ def engine_hosts(stragglers: str, seed: int, time_scale: float, workers: int) ->
 
 def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     """Profile the cluster; under torchrun a worker rank only works and returns None."""
+    tr = Torchrun.from_env()
+    if tr is None:
+        check_capacity(cfg.workers, cfg.allow_oversubscribe)
     run_id = new_run_id("profile")
     hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
     engine = engine_config(cfg, run_id=run_id, source="profile", hosts=hosts)
-    if (tr := Torchrun.from_env()) and tr.rank > 0:
+    if tr and tr.rank > 0:
         return run_torchrun_worker(engine, tr)
     store = TraceStore(cfg.traces)
     store.check_writable()

@@ -5,6 +5,7 @@ train run holds one policy, a simulate run several. Every (run, policy) pair is 
 every plot overlays all series, so runs of different policies compare on the same axes:
 
     cutoff.png      c and the number of live workers over iterations
+    noise_scale.png c next to the gradient noise scale (runs whose iterations have ``noise_scale``)
     throughput.png  iteration time and rolling throughput (gradients/s) over wall-clock time
     loss.png        training loss vs wall-clock time and vs gradients applied (train runs only)
     heatmap.png     worker x iteration run-times, censored (cut-off) cells marked (needs traces)
@@ -154,7 +155,9 @@ def _values(s: Series, column: str) -> np.ndarray:
 
 
 def has_values(s: Series, column: str) -> bool:
-    return s.rows[column].null_count() < s.rows.height
+    """Whether the series has the column (older run directories may lack newer ones) with at
+    least one value."""
+    return column in s.rows.columns and s.rows[column].null_count() < s.rows.height
 
 
 def rolling_throughput(c: np.ndarray, seconds: np.ndarray, window: int) -> np.ndarray:
@@ -198,6 +201,25 @@ def plot_cutoff(series: list[Series]) -> plt.Figure:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="iteration", ylabel="c (gradients applied)", title="Cutoff c over training")
     _legend_outside(ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_noise_scale(series: list[Series]) -> plt.Figure | None:
+    """c (top) over the gradient noise scale B (bottom, samples, log scale): a ``:goodput``
+    policy waits for fewer gradients while B is small (see docs/policies.md)."""
+    noisy = [s for s in series if has_values(s, "noise_scale")]
+    if not noisy:
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for s in noisy:
+        it, noise = _values(s, "iteration"), _values(s, "noise_scale")
+        top.step(it, _values(s, "c"), where="post", lw=0.9, color=s.color, label=s.label)
+        bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=0.9, color=s.color)
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top.set(ylabel="c (gradients applied)", title="Cutoff c and the gradient noise scale")
+    bottom.set(xlabel="iteration", ylabel="noise scale B (samples)", yscale="log")
+    _legend_outside(top)
     fig.tight_layout()
     return fig
 
@@ -347,6 +369,7 @@ def plot_decision_ms(series: list[Series]) -> plt.Figure:
 # -- metrics and index ------------------------------------------------------------------------
 METRICS = (
     "throughput",
+    "goodput",
     "oracle_ratio",
     "mean_c",
     "time_to_loss",
@@ -354,15 +377,17 @@ METRICS = (
     "decision_ms_p99",
     "idle_fraction",
 )
-OPTIONAL_METRICS = ("oracle_ratio", "idle_fraction")  # shown only when some run has them
+OPTIONAL_METRICS = ("oracle_ratio", "idle_fraction", "goodput")  # shown when some run has them
 
 
 def series_metrics(s: Series) -> dict[str, float | str | None]:
     """The SPEC metrics of one series: the run's summary where it states them, else computed
     from its iterations (throughput = sum c / sum iteration time; decision_ms percentiles)."""
     c, secs, dms = _values(s, "c"), _values(s, "iteration_s"), _values(s, "decision_ms")
+    gains = _values(s, "gain") if has_values(s, "gain") else None
     computed = {
         "throughput": float(c.sum() / secs.sum()) if secs.sum() > 0 else None,
+        "goodput": float(np.nansum(gains) / secs.sum()) if gains is not None else None,
         "mean_c": float(c.mean()),
         "decision_ms_p50": float(np.percentile(dms, 50)),
         "decision_ms_p99": float(np.percentile(dms, 99)),
@@ -419,7 +444,8 @@ def render_index(
         "",
         "## Metrics",
         "",
-        "throughput: gradients applied per second; oracle_ratio: throughput / the oracle's "
+        "throughput: gradients applied per second; goodput (when the noise scale is known): "
+        "gain(c) per second, one-worker steps of progress; oracle_ratio: throughput / the oracle's "
         "on the same run-times; time_to_loss: seconds until the smoothed loss reaches the "
         "target; decision_ms: time to choose c; idle_fraction: share of worker-seconds "
         "waiting or computing dropped gradients.",
@@ -440,6 +466,12 @@ def render_index(
 def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
     return [
         ("cutoff.png", "Cutoff c (solid) and live workers (dotted) per iteration.", plot_cutoff),
+        (
+            "noise_scale.png",
+            "Cutoff c over the gradient noise scale B (samples): where B is small a few "
+            "gradients are worth nearly as much as many, and :goodput policies wait for fewer.",
+            plot_noise_scale,
+        ),
         (
             "throughput.png",
             "Iteration time and rolling throughput (gradients/s) over wall-clock time.",

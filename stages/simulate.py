@@ -18,11 +18,19 @@ applied gradient (updates between its read and its write) is recorded.
 
 ``--from-frac F`` warms every policy up by observing rows < F*T as the trace recorded them and
 simulates only the rest, so a checkpoint fitted on the early part is judged on the held-out tail.
+
+``--noise-scale`` (a constant, or a train run's iterations.parquet) gives the gradient noise scale
+by iteration, which the replay cannot measure: before each sync iteration t the policy gets
+``set_noise_scale(B_t, batch)`` (the ``:goodput`` policies use it), every sync iteration records
+``noise_scale`` and ``gain`` = gain(c_t), and each sync policy reports ``goodput``, sum gain(c_t)
+/ sum iteration time (one-worker steps per second; ``stages.goodput``), next to its throughput.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +39,11 @@ import numpy as np
 import torch
 
 from stages.errors import ConfigError
+from stages.goodput import NoiseSchedule
 from stages.policies.base import Policy
-from stages.policies.cutoff import OracleCutoff
+from stages.policies.driver import IterationDriver, Outcome
 from stages.policies.registry import default_policy_specs, make_policy
+from stages.policies.selfcheck import self_check_report
 from stages.store import RunMatrix, TraceStore
 
 SAMPLE_SEED_OFFSET = 1_000_003
@@ -47,6 +57,9 @@ RUN_DIR_COLUMNS = (
     "decision_ms",
     "staleness",
     *PRED_KEYS,
+    "noise_scale",
+    "gain",
+    "peer",
 )
 
 
@@ -76,6 +89,16 @@ class SimulateConfig:
     """Joint samples S per decision for ecdf, ewma and bdsgd."""
     explore: float = 0.0
     """Fraction of iterations in which the learning cutoff policies wait for every worker."""
+    noise_scale: str | None = None
+    """Gradient noise scale fed to the policies: a number of samples, or a train run's
+    iterations.parquet (or its run directory) whose ``noise_scale`` column gives it by iteration;
+    None: no goodput."""
+    batch_size: int | None = None
+    """Per-worker batch size the noise scale refers to; None: the train run's config.json, or
+    32."""
+    skip_bad_files: bool = False
+    """Leave out (with a note) trace files that are unreadable or not valid schema v1, instead
+    of refusing the store; the files are never modified."""
 
     def __post_init__(self) -> None:
         if (self.traces is None) == (self.sample is None):
@@ -84,12 +107,14 @@ class SimulateConfig:
             raise ConfigError("--sample T needs T >= 1 and --checkpoint FILE")
         if not 0.0 <= self.from_frac < 1.0:
             raise ConfigError(f"--from-frac must be in [0, 1), got {self.from_frac}")
-        if self.overhead_s < 0:
-            raise ConfigError(f"--overhead-s must be >= 0, got {self.overhead_s}")
+        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+            raise ConfigError(f"--overhead-s must be a finite number >= 0, got {self.overhead_s}")
         if self.num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1, got {self.num_samples}")
         if not 0.0 <= self.explore < 1.0:
             raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -114,8 +139,11 @@ class PolicyRun:
         ms = np.asarray(self.columns.get("decision_ms", [0.0]), dtype=float)
         throughput = float(c.sum() / dur.sum()) if dur.sum() > 0 else 0.0
         stale = self.columns.get("staleness", [0.0])
+        gains = np.asarray(self.columns.get("gain", [np.nan]), dtype=float)
+        goodput = {"goodput": float(gains.sum() / dur.sum())} if "gain" in self.columns else {}
         return {
             "throughput": throughput,
+            **goodput,
             "oracle_ratio": throughput / oracle_throughput if oracle_throughput > 0 else 0.0,
             "mean_c": float(c.mean()),
             "decision_ms": float(np.percentile(ms, 50)),
@@ -146,64 +174,68 @@ def warm_up(policy: Policy, run: RunMatrix, stop: int) -> None:
         policy.observe(np.where(live, run.runtimes[t], cut), run.censored[t] | ~live)
 
 
-def simulate_sync(policy: Policy, run: RunMatrix, start: int, overhead_s: float) -> PolicyRun:
-    """Replay rows start.. of the run through a sync cutoff policy."""
+def simulate_sync(
+    policy: Policy,
+    run: RunMatrix,
+    start: int,
+    overhead_s: float,
+    noise: NoiseSchedule | None = None,
+) -> PolicyRun:
+    """Replay rows start.. of the run through a sync cutoff policy: each row's live workers
+    arrive in order of their run-times, through the same :class:`IterationDriver` the engines
+    use."""
     result = PolicyRun(policy.name, policy.mode)
+    driver = IterationDriver(policy, run.runtimes.shape[1])
     wall = 0.0
     for t in range(start, run.runtimes.shape[0]):
         live = run.present[t]
         if not live.any():
             continue
         x = np.where(live, run.runtimes[t], np.inf)
-        if isinstance(policy, OracleCutoff):
-            policy.reveal(x)
-        c, ms = timed_choose(policy, live)
-        order = np.argsort(x, kind="stable")
-        if policy.online:
-            c, revise_ms = replay_online(policy, x, order, c, int(live.sum()))
-            ms += revise_ms
-        order = order[:c]
-        arrived = np.zeros_like(live)
-        arrived[order] = True
-        cut = x[order[-1]]
-        policy.observe(np.where(arrived, x, cut), ~arrived | run.censored[t])
-        wall += cut + overhead_s
-        result.useful_s += float(x[arrived].sum())
-        result.worker_s += float(live.sum()) * (cut + overhead_s)
+        if noise is not None:
+            policy.set_noise_scale(noise(t), noise.batch_size)
+        policy.reveal(x)
+        out = drive(driver, live, x, run.censored[t])
+        wall += out.cut_s + overhead_s
+        result.useful_s += float(x[list(out.order)].sum())
+        result.worker_s += float(live.sum()) * (out.cut_s + overhead_s)
         preds = policy.describe()
         result.record(
             iteration=t,
             wall_s=wall,
-            iteration_s=cut + overhead_s,
-            c=c,
+            iteration_s=out.cut_s + overhead_s,
+            c=out.c,
             workers=int(live.sum()),
-            decision_ms=ms,
+            decision_ms=out.decision_ms,
             staleness=0.0,
             **{k: preds.get(k) for k in PRED_KEYS},
+            **noise_columns(noise, t, out.c),
+            peer=preds.get("peer"),
         )
     return result
 
 
-def replay_online(
-    policy: Policy, x: np.ndarray, order: np.ndarray, c: int, live: int
-) -> tuple[int, float]:
-    """Arrivals in ``order`` (by run-time), :meth:`Policy.revise` asked at each; the iteration
-    ends at the first arrival k >= the revised c. Returns k and the milliseconds of the revise
-    call that ended it (the server cannot cut before that call returns)."""
-    arrived = np.zeros(x.shape, dtype=bool)
-    runtimes = np.zeros(x.shape)
-    target, ms = c, 0.0
-    for k in range(1, live + 1):
-        w = order[k - 1]
-        arrived[w], runtimes[w] = True, x[w]
-        if k == live:
-            return k, ms
-        t0 = time.perf_counter()
-        target = policy.revise(float(x[w]), runtimes, arrived)
-        ms = (time.perf_counter() - t0) * 1e3
-        if k >= target:
-            return k, ms
-    return live, ms
+def noise_columns(noise: NoiseSchedule | None, t: int, c: int) -> dict[str, float]:
+    """Iteration t's noise scale and gain(c), for the record (none without a schedule)."""
+    return {} if noise is None else {"noise_scale": noise(t), "gain": noise.gain(t, c)}
+
+
+def drive(
+    driver: IterationDriver,
+    live: np.ndarray,
+    runtimes: np.ndarray,
+    censored: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+) -> Outcome:
+    """One iteration of recorded arrivals: the live workers arrive in ``order`` (default: by
+    run-time) until the driver ends the iteration."""
+    driver.begin(live)
+    if order is None:
+        order = np.argsort(np.where(live, runtimes, np.inf), kind="stable")[: int(live.sum())]
+    for w in order:
+        if driver.arrive(int(w), float(runtimes[w])):
+            break
+    return driver.end(censored)
 
 
 class WorkerClock:
@@ -353,11 +385,27 @@ DRIVERS = {
 }
 
 
-def replay(policy: Policy, run: RunMatrix, start: int, overhead_s: float) -> PolicyRun:
-    """Warm the policy up on rows < start, then replay the rest with the driver of its mode."""
+def replay(
+    policy: Policy,
+    run: RunMatrix,
+    start: int,
+    overhead_s: float,
+    noise: NoiseSchedule | None = None,
+) -> PolicyRun:
+    """Warm the policy up on rows < start, then replay the rest with the driver of its mode
+    (sync policies get the noise schedule)."""
     policy.overhead_s = overhead_s
     warm_up(policy, run, start)
+    if policy.mode == "sync":
+        return simulate_sync(policy, run, start, overhead_s, noise)
     return DRIVERS[policy.mode](policy, run, start, overhead_s)
+
+
+def noise_schedule(config: SimulateConfig) -> NoiseSchedule | None:
+    """``--noise-scale`` read (a one-line ConfigError on bad input); None without it."""
+    if config.noise_scale is None:
+        return None
+    return NoiseSchedule.from_spec(config.noise_scale, config.batch_size)
 
 
 def compare(
@@ -376,17 +424,22 @@ def compare(
         explore=config.explore,
     )
     policies = [make_policy(spec, n, **kwargs) for spec in specs]
-    oracle = replay(make_policy("oracle", n), run, start, config.overhead_s)
+    noise = noise_schedule(config)
+    oracle = replay(make_policy("oracle", n), run, start, config.overhead_s, noise)
     oracle_throughput = oracle.metrics(1.0)["throughput"]
-    replays = [replay(p, run, start, config.overhead_s) for p in policies]
-    return {r.name: r.metrics(oracle_throughput) for r in replays}, replays
+    replays = [replay(p, run, start, config.overhead_s, noise) for p in policies]
+    metrics = {r.name: r.metrics(oracle_throughput) for r in replays}
+    for policy, r in zip(policies, replays, strict=True):
+        if (checked := self_check_report(policy)) is not None:
+            metrics[r.name]["self_check"] = checked
+    return metrics, replays
 
 
 def load_run(config: SimulateConfig) -> RunMatrix:
     """The run to replay: from the trace store, or drawn from the fitted model."""
     if config.sample is not None:
         return sample_run(config.checkpoint, config.sample, config.seed)
-    store = TraceStore(config.traces)
+    store = TraceStore(config.traces, skip_bad_files=config.skip_bad_files)
     if config.run_id is not None:
         return store.run_matrix(config.run_id)
     return store.run_matrices()[-1]
@@ -418,11 +471,17 @@ def best_policies(metrics: dict[str, dict]) -> dict[str, str | None]:
         names = [k for k, m in metrics.items() if m["mode"] in modes and k != "oracle"]
         return max(names, key=lambda k: metrics[k]["throughput"]) if names else None
 
-    return {"best": top(("sync",)), "best_async": top(("k-async", "k-batch-sync"))}
+    best = {"best": top(("sync",)), "best_async": top(("k-async", "k-batch-sync"))}
+    with_goodput = [k for k, m in metrics.items() if "goodput" in m and k != "oracle"]
+    if with_goodput:  # --noise-scale: the cutoff policy of the most progress per second
+        best["best_goodput"] = max(with_goodput, key=lambda k: metrics[k]["goodput"])
+    return best
 
 
 def run_simulate(config: SimulateConfig) -> dict:
     """Replay and compare; returns simulate's JSON summary (SPEC) and writes ``config.out``."""
+    if config.out is not None:
+        check_writable_dir(config.out)  # before the work, not after it
     run = load_run(config)
     t, n = run.runtimes.shape
     specs = list(config.policies) or default_policy_specs(n, config.checkpoint is not None)
@@ -441,10 +500,21 @@ def run_simulate(config: SimulateConfig) -> dict:
         "run_id": run.run_id,
         "from_iteration": start,
         "overhead_s": config.overhead_s,
+        "noise_scale": config.noise_scale,
     }
     if config.out is not None:
         write_simulation(config, summary, replays)
     return summary
+
+
+def check_writable_dir(out: Path) -> None:
+    """Raise ConfigError unless ``out`` is a directory this process can write, or can create:
+    its nearest existing ancestor is a writable directory. Creates nothing."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"cannot write --out {out}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write --out {out}: {existing} is not writable")
 
 
 def write_simulation(config: SimulateConfig, summary: dict, replays: list[PolicyRun]) -> None:

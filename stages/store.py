@@ -2,7 +2,9 @@
 
 Appending writes a new file under a hidden temporary name (``.tmp-*``), fsyncs it and renames it
 into place, so a crash never leaves a visible partial file and never touches earlier files.
-Readers list only ``part-*.parquet`` and check each file's schema before a polars lazy scan.
+Readers list only ``part-*.parquet`` and check each file's schema and values, naming a bad file;
+with ``skip_bad_files`` they leave it out (with a note) and read the rest. No reader modifies a
+file, and none allocates by the largest iteration or world size seen (:func:`to_run_matrix`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from rich.markup import escape
 
 from schemas import to_table, validate_schema, validate_table, validate_values
+from stages.console import console
 from stages.errors import TraceError
 
 PART_GLOB = "part-*.parquet"
@@ -48,10 +52,14 @@ class RunMatrix:
 
 
 class TraceStore:
-    """Append-only directory of trace files."""
+    """Append-only directory of trace files. ``skip_bad_files``: True leaves out a file that is
+    unreadable or not valid schema v1 (with a note); False refuses it with a hint at
+    ``--skip-bad-files``; None (callers without that option) refuses it without one."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, skip_bad_files: bool | None = None):
         self.path = Path(path)
+        self.skip_bad_files = skip_bad_files
+        self.skipped: list[Path] = []  # the files left out by the last read
 
     # -- writing ---------------------------------------------------------------------------
     def append(self, table: pa.Table | dict) -> Path:
@@ -107,13 +115,51 @@ class TraceStore:
         return pl.concat(scans, how="diagonal_relaxed")
 
     def read(self) -> pl.DataFrame:
-        """All rows, values validated."""
-        try:
-            df = self.scan().collect()
-        except pl.exceptions.PolarsError as exc:
-            raise TraceError(f"cannot read trace store {self.path}: {_first_line(exc)}") from None
-        validate_values(df.to_arrow(), where=str(self.path))
+        """All rows, validated (each file's schema, the values, no row in two files)."""
+        df = self.rows(None, where=str(self.path))
+        if df.height == 0:
+            raise TraceError(f"{self.path}: no rows")
         return df
+
+    def rows(self, run_id: str | None, where: str) -> pl.DataFrame:
+        """The rows (only ``run_id``'s, when given), validated; possibly none. One scan of every
+        file; when that finds something wrong, the files are checked one by one to name (or,
+        with ``skip_bad_files``, leave out) the bad one."""
+        files = self.files()
+        if not files:
+            raise TraceError(f"trace store {self.path} holds no trace files")
+        self.skipped = []
+        try:
+            df = _scan_rows(files, run_id)
+            if df.height:
+                validate_values(df.to_arrow(), where=where)
+            return df
+        except TraceError:
+            pass
+        frames = [f for f in self._good_file_rows(files, run_id) if f.height]
+        if not frames:
+            return _scan_rows([], run_id)
+        df = pl.concat(frames, how="diagonal_relaxed")
+        validate_values(df.to_arrow(), where=where)  # what no single file shows: duplicates
+        return df
+
+    def _good_file_rows(self, files: list[Path], run_id: str | None) -> list[pl.DataFrame]:
+        """Each file's rows checked on its own; a bad file is refused by name, or skipped."""
+        out = []
+        for f in files:
+            try:
+                out.append(_checked_rows(f, run_id))
+            except TraceError as exc:
+                if not self.skip_bad_files:
+                    hint = (
+                        " (--skip-bad-files leaves it out)" if self.skip_bad_files is False else ""
+                    )
+                    raise TraceError(f"{exc}{hint}") from None
+                self.skipped.append(f)
+                console.print(
+                    f"[yellow]skipping a bad trace file[/] {escape(str(exc))}", soft_wrap=True
+                )
+        return out
 
     def runs(self) -> pl.DataFrame:
         """One row per run: run_id, source, policy, world_size, iterations, rows."""
@@ -144,15 +190,11 @@ class TraceStore:
         validated). A run that is not there is an error, or None with ``missing_ok``."""
         if missing_ok and not self.files():
             return None
-        try:
-            df = self.scan().filter(pl.col("run_id") == run_id).collect()
-        except pl.exceptions.PolarsError as exc:
-            raise TraceError(f"cannot read trace store {self.path}: {_first_line(exc)}") from None
+        df = self.rows(run_id, where=f"{self.path} run {run_id}")
         if df.height == 0:
             if missing_ok:
                 return None
             raise TraceError(f"no run {run_id!r} in {self.path}")
-        validate_values(df.to_arrow(), where=f"{self.path} run {run_id}")
         return to_run_matrix(df)
 
 
@@ -177,11 +219,24 @@ def matrix_rows(run: RunMatrix, policy: str = "full", source: str = "import") ->
     }
 
 
+MATRIX_FLOOR = 1 << 24
+"""Cells a run's (T x N) matrix may always have; beyond, at most :data:`MATRIX_PER_ROW` per row."""
+MATRIX_PER_ROW = 64
+
+
 def to_run_matrix(df: pl.DataFrame) -> RunMatrix:
-    """Turn one run's rows into a (T x N) run-time matrix plus censoring and presence masks."""
+    """Turn one run's rows into a (T x N) run-time matrix plus censoring and presence masks.
+    T and N come from the largest iteration and world size: a run whose matrix would be mostly
+    empty (more than 64 cells per row, beyond 16M cells) is refused before anything is
+    allocated, so a corrupt or hostile value cannot size it."""
     run_id = df["run_id"][0]
     n = int(df["world_size"].max())
     t = int(df["iteration"].max()) + 1
+    if t * n > max(MATRIX_FLOOR, MATRIX_PER_ROW * df.height):
+        raise TraceError(
+            f"run {run_id!r}: {df.height} rows spread over iterations up to {t - 1} and a "
+            f"world size of {n} ({t}x{n} cells): not a run this reader holds"
+        )
     it = df["iteration"].to_numpy()
     wk = df["worker"].to_numpy()
     runtimes = np.full((t, n), np.nan)
@@ -211,6 +266,34 @@ def read_trace_path(path: str | os.PathLike) -> pl.DataFrame:
         raise TraceError(f"{p}: not a readable Parquet file ({_first_line(exc)})") from None
     validate_table(table, where=str(p))
     return pl.from_arrow(table)
+
+
+def _scan_rows(files: list[Path], run_id: str | None) -> pl.DataFrame:
+    """Every file's rows in one scan (only ``run_id``'s, when given), each file's schema
+    checked; diagonally, so an extra column only some files have is kept, null elsewhere."""
+    for f in files:
+        validate_schema(_read_schema(f), where=str(f))
+    if not files:
+        return pl.DataFrame(schema={"run_id": pl.String})
+    scan = pl.concat([pl.scan_parquet(str(f)) for f in files], how="diagonal_relaxed")
+    try:
+        return (scan.filter(pl.col("run_id") == run_id) if run_id is not None else scan).collect()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise TraceError(f"cannot read a trace file: {_first_line(exc)}") from None
+
+
+def _checked_rows(path: Path, run_id: str | None) -> pl.DataFrame:
+    """A file's rows (only ``run_id``'s, when given), schema and values checked, errors naming
+    the file."""
+    validate_schema(_read_schema(path), where=str(path))
+    try:
+        scan = pl.scan_parquet(str(path))
+        df = (scan.filter(pl.col("run_id") == run_id) if run_id is not None else scan).collect()
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise TraceError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    if df.height:
+        validate_values(df.to_arrow(), where=str(path))
+    return df
 
 
 def _read_schema(path: Path) -> pa.Schema:

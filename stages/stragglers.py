@@ -11,11 +11,16 @@ Specs (``--stragglers``):
   worker ``w mod N'`` and iteration t plays ``t mod T'`` of the trace's first run.
 
 ``--time-scale`` multiplies every delay (e.g. 0.01 turns a 1 s cluster into 10 ms).
+
+A worker process plays one column of the (T, N) delays: ``model.column(T, N, w)`` computes it as
+it is read (indexable by iteration, with a length), so a run of any length costs a worker memory
+for a block of iterations, not for T x N.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +57,9 @@ class SyntheticCluster:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if bad := [k for k, v in numbers.items() if not math.isfinite(v)]:
+            raise ConfigError(f"synthetic stragglers: {', '.join(bad)} must be finite")
         if self.base_s <= 0 or self.hosts < 1 or self.slow_factor < 1:
             raise ConfigError("synthetic stragglers need base_s > 0, hosts >= 1, slow_factor >= 1")
         for name in ("p_slow", "p_recover", "spike_p"):
@@ -74,8 +82,20 @@ class SyntheticCluster:
         return slow
 
     def delays(self, iterations: int, workers: int) -> np.ndarray:
-        """(T, N) delays in seconds; the same for the same seed, whatever process asks."""
-        return np.exp(self.log_delays(iterations, workers).sum(axis=0))
+        """(T, N) delays in seconds; the same for the same seed, whatever process asks (and
+        equal to the :meth:`column` of each worker)."""
+        if iterations * workers <= MATRIX_CELLS:
+            return np.exp(self.log_delays(iterations, workers).sum(axis=0))
+        cols = [self.column(iterations, workers, w) for w in range(workers)]
+        return np.stack([c.values(0, iterations) for c in cols], axis=1)
+
+    def column(self, iterations: int, workers: int, w: int) -> Column:
+        """Worker w's delays. Up to :data:`MATRIX_CELLS` cells this is the column of
+        :meth:`log_delays`' matrix; beyond, a :class:`SyntheticColumn`, drawn block by block
+        from per-(worker, block) and per-(host, block) streams as it is read."""
+        if iterations * workers <= MATRIX_CELLS:
+            return ArrayColumn(self.delays(iterations, workers)[:, w])
+        return SyntheticColumn(self, iterations, w)
 
     def log_delays(self, iterations: int, workers: int) -> np.ndarray:
         """The (5, T, N) terms whose sum is the log delay: base and worker speed, drift, the host
@@ -110,6 +130,10 @@ class ReplayCluster:
         cols = np.arange(workers) % n_src
         return self.runtimes[np.ix_(rows, cols)]
 
+    def column(self, iterations: int, workers: int, w: int) -> Column:
+        """Worker w's delays: trace worker ``w mod N'`` at iteration ``t mod T'``."""
+        return ArrayColumn(self.runtimes[:, w % self.runtimes.shape[1]], iterations)
+
 
 @dataclass(frozen=True)
 class NoStragglers:
@@ -118,6 +142,9 @@ class NoStragglers:
 
     def delays(self, iterations: int, workers: int) -> np.ndarray:
         return np.zeros((iterations, workers))
+
+    def column(self, iterations: int, workers: int, w: int) -> Column:
+        return ArrayColumn(np.zeros(1), iterations)
 
 
 @dataclass(frozen=True)
@@ -133,11 +160,107 @@ class Scaled:
     def delays(self, iterations: int, workers: int) -> np.ndarray:
         return self.inner.delays(iterations, workers) * self.scale
 
+    def column(self, iterations: int, workers: int, w: int) -> Column:
+        return ScaledColumn(self.inner.column(iterations, workers, w), self.scale)
+
+
+# -- one worker's column of delays ------------------------------------------------------------
+MATRIX_CELLS = 1 << 20
+"""Largest T x N drawn as one matrix (what every worker then holds 5 x of, briefly)."""
+BLOCK = 4096
+"""Iterations a :class:`SyntheticColumn` draws at once."""
+
+
+class Column:
+    """One worker's delays of a T-iteration run: ``column[t]`` for 0 <= t < ``len(column)``."""
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, t: int) -> float:
+        if not 0 <= t < self.length:
+            raise IndexError(f"iteration {t} outside 0..{self.length - 1}")
+        return self.at(int(t))
+
+    def values(self, start: int, stop: int) -> np.ndarray:
+        return np.array([self.at(t) for t in range(start, stop)])
+
+
+class ArrayColumn(Column):
+    """``values[t mod len(values)]`` for a run of ``length`` iterations (default: one pass)."""
+
+    def __init__(self, values: np.ndarray, length: int | None = None) -> None:
+        self.array = np.asarray(values, dtype=float)
+        self.length = len(self.array) if length is None else length
+
+    def at(self, t: int) -> float:
+        return float(self.array[t % len(self.array)])
+
+
+class ScaledColumn(Column):
+    def __init__(self, inner: Column, scale: float) -> None:
+        self.inner, self.scale, self.length = inner, scale, len(inner)
+
+    def at(self, t: int) -> float:
+        return self.inner.at(t) * self.scale
+
+    def values(self, start: int, stop: int) -> np.ndarray:
+        return self.inner.values(start, stop) * self.scale
+
+
+class SyntheticColumn(Column):
+    """Worker w's delays of a long :class:`SyntheticCluster` run, drawn :data:`BLOCK`
+    iterations at a time. Worker speed, noise and spikes come from streams keyed by (seed, worker,
+    block); a host's slow regime is a Markov chain per (seed, host, block), so workers of a host
+    are slow together here too."""
+
+    def __init__(self, cluster: SyntheticCluster, iterations: int, w: int) -> None:
+        self.cluster, self.length, self.w = cluster, iterations, w
+        self.host = w % cluster.hosts
+        rng = np.random.default_rng([cluster.seed, 0, w])
+        self.speed = np.log(cluster.base_s) + rng.normal(0, cluster.worker_spread)
+        self.phase = np.random.default_rng([cluster.seed, 1]).uniform(0, 6.3)
+        self.block, self.cached = -1, np.zeros(0)
+
+    def at(self, t: int) -> float:
+        if t // BLOCK != self.block:
+            self.block = t // BLOCK
+            self.cached = self.draw(self.block)
+        return float(self.cached[t % BLOCK])
+
+    def values(self, start: int, stop: int) -> np.ndarray:
+        blocks = range(start // BLOCK, (stop - 1) // BLOCK + 1)
+        out = np.concatenate([self.draw(b) for b in blocks])
+        return out[start - blocks[0] * BLOCK : stop - blocks[0] * BLOCK]
+
+    def draw(self, b: int) -> np.ndarray:
+        c = self.cluster
+        t = np.arange(b * BLOCK, (b + 1) * BLOCK)
+        rng = np.random.default_rng([c.seed, 3, self.w, b])
+        noise = rng.normal(0, c.sigma, BLOCK)
+        spikes = (rng.random(BLOCK) < c.spike_p) * np.log(rng.pareto(c.spike_alpha, BLOCK) + 1)
+        drift = c.drift * np.sin(2 * np.pi * t / c.drift_period + self.phase)
+        slow = np.log(c.slow_factor) * self.regimes(b)
+        return np.exp(self.speed + drift + slow + noise + spikes)
+
+    def regimes(self, b: int) -> np.ndarray:
+        """(BLOCK,) bool: the host's slow regime in block b, a chain that enters the block in
+        its stationary distribution (so any block is drawn without the ones before it)."""
+        c = self.cluster
+        rng = np.random.default_rng([c.seed, 2, self.host, b])
+        stationary = c.p_slow / (c.p_slow + c.p_recover) if c.p_slow + c.p_recover else 0.0
+        state = rng.random() < stationary
+        out = np.empty(BLOCK, dtype=bool)
+        for i, x in enumerate(rng.random(BLOCK)):
+            state = x >= c.p_recover if state else x < c.p_slow
+            out[i] = state
+        return out
+
 
 def parse_stragglers(spec: str, seed: int = 0, time_scale: float = 1.0) -> Scaled:
     """Turn a ``--stragglers`` spec into a model. Raises ConfigError/TraceError on bad specs."""
-    if time_scale <= 0:
-        raise ConfigError("--time-scale must be > 0")
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ConfigError(f"--time-scale must be a finite number > 0, got {time_scale}")
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return Scaled(NoStragglers(), time_scale)

@@ -12,27 +12,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from schemas.run_dir import iterations_table, write_atomic, write_run_dir
+from stages.capacity import check_capacity
 from stages.console import console, progress
+from stages.engine.base import STATE_VERSION, StopRun
+from stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
 from stages.engine.launch import (
     STATE_FILE,
     EngineResult,
     Torchrun,
     run_engine,
     run_torchrun_worker,
+    variant,
 )
-from stages.engine.server import EngineConfig, engine_config
-from stages.errors import CheckpointError, ConfigError
+from stages.errors import BdsgdError, CheckpointError, ConfigError
 from stages.policies.base import Policy
 from stages.policies.registry import make_policy
+from stages.policies.selfcheck import lean_message, self_check_report
 from stages.profile import engine_hosts
 from stages.safe_load import load_plain
 from stages.store import TraceStore, new_run_id
+from stages.workloads import BUILTIN
 
 CONFIG_FILE = "config.json"
 
@@ -62,14 +68,27 @@ class TrainConfig:
     """Mini-batch size per worker."""
     micro_batches: int = 4
     """Micro-batches per mini-batch: where a cut-off computation stops."""
+    engine: str = "auto"
+    """collective (replicas, the cut inside an all-reduce), ps (parameter server) or auto
+    (collective for the cutoff policies, ps for the asynchronous ones, which need it)."""
+    device: str = "auto"
+    """auto, cpu or cuda: where the collective engine's workers compute."""
+    salvage: bool = False
+    """Collective engine: cut-off workers contribute the micro-batches they finished."""
     lr: float = 0.05
     """Learning rate when every live worker's gradient is applied."""
     lr_scaling: str = "linear"
-    """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)) or none."""
+    """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)), none, or adascale
+    (lr*gain(c)/gain(N) from the gradient noise scale, ``stages.goodput.adascale_factor``)."""
     seed: int = 0
     """Seed of the workload, the data streams, the stragglers and the policy."""
     target_loss: float | None = None
     """Smoothed training loss whose first crossing gives ``time_to_loss``."""
+    stop_at_target: bool = False
+    """End the run once the smoothed training loss reaches ``target_loss`` (before T if need be)."""
+    max_wall_s: float | None = None
+    """End the run once its wall clock passes this many seconds (after the iteration under way;
+    a resumed run counts the seconds it already ran); None: no budget."""
     min_workers: int = 1
     """Stop with an error when fewer workers than this remain alive."""
     overhead_s: float | None = None
@@ -84,22 +103,38 @@ class TrainConfig:
     """Address the server binds to."""
     timeout_s: float = 60.0
     """Longest wait on another process before it is declared dead."""
+    allow_oversubscribe: bool = False
+    """Start more workers than this machine runs (:mod:`stages.capacity`)."""
+    force: bool = False
+    """Write into an ``out`` that is neither empty nor a new path (a previous run's files there
+    are replaced)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.iterations < 1:
             raise ConfigError("--workers and --iterations must be >= 1")
-        if self.lr_scaling not in ("linear", "sqrt", "none"):
-            raise ConfigError(f"--lr-scaling must be linear, sqrt or none, got {self.lr_scaling!r}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ConfigError(
+                f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}"
+            )
         if not 1 <= self.min_workers <= self.workers:
             raise ConfigError(f"--min-workers must be in 1..{self.workers}")
-        if self.lr <= 0 or self.record_batch < 1 or self.eval_every < 1 or self.timeout_s <= 0:
-            raise ConfigError("--lr, --timeout must be > 0")
+        for flag, value in (("--lr", self.lr), ("--timeout", self.timeout_s)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+        if self.record_batch < 1 or self.eval_every < 1:
+            raise ConfigError("record_batch and eval_every must be >= 1")
         if self.batch_size < self.micro_batches or self.micro_batches < 1:
             raise ConfigError("--batch-size must be at least the number of micro-batches")
         if not 0.0 <= self.explore < 1.0:
             raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
+        if self.stop_at_target and self.target_loss is None:
+            raise ConfigError("--stop-at-target needs --target-loss")
+        if self.max_wall_s is not None and not (
+            math.isfinite(self.max_wall_s) and self.max_wall_s > 0
+        ):
+            raise ConfigError(f"--max-wall-s must be a finite number > 0, got {self.max_wall_s}")
 
-    def engine(self, run_id: str) -> EngineConfig:
+    def engine_settings(self, run_id: str) -> EngineConfig:
         hosts = engine_hosts(self.stragglers, self.seed, self.time_scale, self.workers)
         return engine_config(self, run_id=run_id, source="train", hosts=hosts)
 
@@ -119,37 +154,84 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     """Run (or, with ``resume``, continue) a training run; returns the summary (None on a
     torchrun worker rank, which only works)."""
     if (tr := Torchrun.from_env()) and tr.rank > 0:
-        return run_torchrun_worker(cfg.engine("worker"), tr)
+        return run_torchrun_worker(cfg.engine_settings("worker"), tr)
+    if tr is None:
+        check_capacity(cfg.workers, cfg.allow_oversubscribe)
     state = load_state(cfg.out) if resume else None
     run_id = state["run_id"] if state else new_run_id("train")
-    TraceStore(cfg.traces).check_writable()
-    if not resume:
-        prepare_run_dir(cfg)
-    engine_cfg = cfg.engine(run_id)
+    engine_cfg = cfg.engine_settings(run_id)  # everything is checked before anything is written
     policy = build_policy(cfg, engine_cfg.hosts)
+    undo = prepare_run_dir(cfg) if not resume else None
+    try:
+        TraceStore(cfg.traces).check_writable()
+        return train_in(cfg, engine_cfg, policy, state)
+    except BdsgdError:
+        if undo and not (cfg.out / STATE_FILE).exists():
+            undo()  # rejected before its first checkpoint: no run dir is left behind
+        raise
+
+
+def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: dict | None):
+    """The run itself, in a prepared run directory."""
+    run_id = engine_cfg.run_id
     if state:
-        check_resumable(state, policy, cfg.out)
+        check_resumable(state, engine_cfg, policy, cfg.out)
         if policy.mode == "k-async":
             replay_async_history(policy, cfg.traces, run_id, state)
         else:
             state["next_iteration"] = replay_history(
                 policy, cfg.traces, run_id, state["next_iteration"]
             )
-    result = run_with_live_view(cfg, engine_cfg, policy, state)
-    summary = summarize(cfg, run_id, result)
+    stop = StopRule(cfg, state["log"] if state else None)
+    result = run_with_live_view(cfg, engine_cfg, policy, state, stop)
+    summary = summarize(cfg, run_id, result, stop.reason)
+    if (checked := self_check_report(policy)) is not None:  # bdsgd: did it lean on a peer?
+        summary["self_check"] = checked
+        if message := lean_message(policy.name, checked):
+            console.print(message)
     write_run_dir(cfg.out, summary, iterations_table(result.log))
     if result.interrupted:
         raise KeyboardInterrupt
     return summary
 
 
-def prepare_run_dir(cfg: TrainConfig) -> None:
-    if (cfg.out / STATE_FILE).exists():
+RUN_FILES = (STATE_FILE, "summary.json", "iterations.parquet")
+"""What a previous run left in a run directory (``--force`` removes them, nothing else)."""
+
+
+def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
+    """Create the run directory and write its config; returns what undoes that. ``out`` must be
+    a new path or an empty directory, unless ``force``."""
+    out = cfg.out
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory")
+    if not cfg.force and out.is_dir() and any(out.iterdir()):
+        if (out / STATE_FILE).exists():
+            raise ConfigError(
+                f"--out {out} already holds a run: pass --resume {out}, another --out, or "
+                "--force to start over in it"
+            )
         raise ConfigError(
-            f"{cfg.out} already holds a run: pass --resume {cfg.out} or another --out"
+            f"--out {out} is not empty and not a bdsgd run: pass another --out, or --force to "
+            f"write into it ({CONFIG_FILE}, {', '.join(RUN_FILES[1:])} are replaced)"
         )
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(cfg.out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
+    created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:  # a previous run's (--force): never mixed with this one's
+            (out / name).unlink(missing_ok=True)
+        write_atomic(out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
+    except OSError as exc:
+        raise ConfigError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
+
+    def undo() -> None:
+        (out / CONFIG_FILE).unlink(missing_ok=True)
+        for path in created:
+            if any(path.iterdir()):
+                break
+            path.rmdir()
+
+    return undo
 
 
 def build_policy(cfg: TrainConfig, hosts: tuple[str, ...]) -> Policy:
@@ -189,16 +271,21 @@ def load_state(run_dir: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
     state = load_plain(path, "server checkpoint")
-    if state.get("version") != 1:
-        raise CheckpointError(f"{path}: not a bdsgd server checkpoint of version 1")
+    if state.get("version") != STATE_VERSION:
+        raise CheckpointError(
+            f"{path}: not a bdsgd engine checkpoint of version {STATE_VERSION} (written by an "
+            "older bdsgd: start a new run)"
+        )
     return state
 
 
-def check_resumable(state: dict, policy: Policy, run_dir: Path) -> None:
-    mode = state.get("mode", "sync")
-    if (mode == "k-async") != (policy.mode == "k-async"):
+def check_resumable(state: dict, engine: EngineConfig, policy: Policy, run_dir: Path) -> None:
+    """The checkpoint was written by the engine variant this run would use."""
+    kind = variant(engine, policy)
+    if state.get("engine") != kind:
         raise CheckpointError(
-            f"{run_dir / STATE_FILE} was written by a {mode} run, not by policy {policy.name!r}"
+            f"{run_dir / STATE_FILE} was written by the {state.get('engine')} engine, not by the "
+            f"{kind} engine that runs policy {policy.name!r}"
         )
 
 
@@ -230,7 +317,7 @@ def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: in
     return max(next_iteration, run.shape[0])
 
 
-def run_with_live_view(cfg, engine_cfg, policy, state) -> EngineResult:
+def run_with_live_view(cfg, engine_cfg, policy, state, stop: StopRule) -> EngineResult:
     with progress() as bar:
         task = bar.add_task(f"train {policy.name}", total=cfg.iterations, status="")
         dropped = 0
@@ -250,12 +337,16 @@ def run_with_live_view(cfg, engine_cfg, policy, state) -> EngineResult:
                 completed=t + 1,
                 status=f"loss {loss}  c {row['c']}/{row['workers']}  {rate:.0f} grad/s  {late}",
             )
+            stop(row)
 
         return run_engine(engine_cfg, policy, cfg.traces, on_iteration, cfg.out, state)
 
 
-def summarize(cfg: TrainConfig, run_id: str, result: EngineResult) -> dict:
-    """SPEC's train JSON plus where things went."""
+def summarize(
+    cfg: TrainConfig, run_id: str, result: EngineResult, stopped: str = "iterations"
+) -> dict:
+    """SPEC's train JSON plus where things went; ``stopped``: why the run ended (the
+    :class:`StopRule`'s reason, or ``interrupted``)."""
     log = result.log
     c = np.asarray(log.get("c", []), dtype=float)
     it = np.asarray(log.get("iteration_s", []), dtype=float)
@@ -278,38 +369,94 @@ def summarize(cfg: TrainConfig, run_id: str, result: EngineResult) -> dict:
         run_id=run_id,
         traces=str(cfg.traces),
         target_loss=cfg.target_loss,
+        stopped="interrupted" if result.interrupted else stopped,
         idle_fraction=1.0 - busy / worker_seconds if worker_seconds > 0 else 0.0,
         mean_staleness=float(np.mean(log.get("staleness") or [0.0])),
         rows_appended=result.rows_written,
         dead_workers={str(k): v for k, v in result.dead_workers.items()},
         interrupted=result.interrupted,
+        **result.extras,
     )
     if result.dead_workers:
         console.print(f"[yellow]workers {sorted(result.dead_workers)} died and were excluded[/]")
+    if "replicas_identical" in summary:
+        same = "identical" if summary["replicas_identical"] else "[red]NOT identical[/]"
+        console.print(
+            f"collective engine: {len(summary['replica_digests'])} replicas {same} at the end; "
+            f"join lag p50 {summary['join_lag_ms_p50']:.2f} ms, p99 {summary['join_lag_ms_p99']:.2f} ms"
+        )
     console.print(
-        f"{summary['policy']}: {summary['throughput']:.1f} gradients/s, mean c "
-        f"{summary['mean_c']:.2f}, final loss {summary['final_loss']:.3f}, "
+        f"{summary['policy']} ({summary['engine']} engine): {summary['throughput']:.1f} gradients/s, mean c "
+        f"{summary['mean_c']:.2f}, final loss {summary['final_loss'] or float('nan'):.3f}, "
         f"{summary['rows_appended']} rows appended to {cfg.traces}, run in {cfg.out}"
     )
+    if summary["stopped"] in ("target", "wall budget"):
+        console.print(f"stopped after {c.size} iterations: {summary['stopped']} reached")
     return summary
+
+
+class SmoothedLoss:
+    """The exponentially weighted training loss ``time_to_loss`` compares with the target
+    (``alpha``: the weight of one iteration; iterations without a loss are skipped)."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def add(self, loss: float | None) -> float | None:
+        if loss is not None:
+            a = self.alpha
+            self.value = loss if self.value is None else (1 - a) * self.value + a * loss
+        return self.value
+
+
+class StopRule:
+    """When a run ends before its T iterations: ``--stop-at-target`` once the smoothed loss
+    reaches ``--target-loss``, ``--max-wall-s`` once the wall clock passes the budget. Called
+    with every iteration's row, it raises :class:`StopRun` then; :attr:`reason` says why the run
+    ended (``iterations``, ``target`` or ``wall budget``). ``log``: a resumed run's iterations so
+    far, so that its smoothed loss continues."""
+
+    def __init__(self, cfg: TrainConfig, log: dict | None = None) -> None:
+        self.target = cfg.target_loss if cfg.stop_at_target else None
+        self.max_wall_s = cfg.max_wall_s
+        self.loss = SmoothedLoss()
+        self.reason = "iterations"
+        for loss in (log or {}).get("loss", []):
+            self.loss.add(loss)
+
+    def __call__(self, row: dict) -> None:
+        smooth = self.loss.add(row.get("loss"))
+        if self.target is not None and smooth is not None and smooth <= self.target:
+            self.reason = "target"
+        elif self.max_wall_s is not None and row["wall_s"] >= self.max_wall_s:
+            self.reason = "wall budget"
+        else:
+            return
+        raise StopRun
 
 
 def time_to_loss(log: dict, target: float | None, alpha: float = 0.1) -> float | None:
     """Wall-clock seconds until the EWMA-smoothed training loss first reaches ``target``."""
     if target is None:
         return None
-    smooth = None
+    smooth = SmoothedLoss(alpha)
     for loss, wall in zip(log.get("loss", []), log.get("wall_s", []), strict=False):
-        if loss is None:
-            continue
-        smooth = loss if smooth is None else (1 - alpha) * smooth + alpha * loss
-        if smooth <= target:
+        if loss is not None and smooth.add(loss) <= target:
             return float(wall)
     return None
 
 
-def resume_config(run_dir: Path, iterations: int | None = None) -> TrainConfig:
-    """The config a run directory was started with (``--iterations`` may extend it)."""
+def resume_config(
+    run_dir: Path,
+    iterations: int | None = None,
+    allow_oversubscribe: bool = False,
+    workload: str | None = None,
+) -> TrainConfig:
+    """The config a run directory was started with (``--iterations`` may extend it,
+    ``--allow-oversubscribe`` lift the worker limit). The run directory is not trusted to name
+    code: a ``module:function`` workload runs only when ``workload`` (the command line's)
+    names the same one."""
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a train run directory (no {CONFIG_FILE})")
@@ -317,4 +464,25 @@ def resume_config(run_dir: Path, iterations: int | None = None) -> TrainConfig:
         data = json.loads(path.read_text())
     except ValueError:
         raise ConfigError(f"{path} is not valid JSON") from None
-    return TrainConfig.from_json(data, **({"iterations": iterations} if iterations else {}))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a train config")
+    check_resumed_workload(path, data.get("workload", "mlp"), workload)
+    overrides = {"iterations": iterations} if iterations else {}
+    if allow_oversubscribe:
+        overrides["allow_oversubscribe"] = True
+    try:
+        return TrainConfig.from_json(data, **overrides)
+    except TypeError as exc:  # a key missing or unknown
+        raise ConfigError(f"{path} is not a train config: {exc}") from None
+
+
+def check_resumed_workload(path: Path, written: str, given: str | None) -> None:
+    """A resumed run's workload is the one the command line gives, when it names one; a
+    ``module:function`` one must be given (importing it runs code)."""
+    if given is not None and given != written:
+        raise ConfigError(f"{path} names workload {written!r}, not --workload {given!r}")
+    if given is None and written not in BUILTIN:
+        raise ConfigError(
+            f"{path} names workload {written!r}, which is code: pass --workload {written} with "
+            "--resume to run it"
+        )

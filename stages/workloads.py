@@ -88,16 +88,18 @@ def cnn(seed: int = 0) -> Workload:
     )
 
 
-BUILTIN: dict[str, Callable[..., Workload]] = {"mlp": mlp, "cnn": cnn}
+BUILTIN: dict[str, Callable[..., Workload]] = {"mlp": mlp, "cnn": cnn}  # + transformer, below
 
 
 def load_workload(spec: str, seed: int = 0) -> Workload:
-    """Build a workload from ``mlp``, ``cnn`` or ``module:function``."""
+    """Build a workload from ``mlp``, ``cnn``, ``transformer`` or ``module:function``."""
     if spec in BUILTIN:
         return BUILTIN[spec](seed=seed)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"unknown workload {spec!r}: use mlp, cnn or module:function")
+        raise ConfigError(
+            f"unknown workload {spec!r}: use mlp, cnn, transformer or module:function"
+        )
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
@@ -106,3 +108,74 @@ def load_workload(spec: str, seed: int = 0) -> Workload:
     if not isinstance(workload, Workload):
         raise ConfigError(f"workload {spec!r} returned {type(workload).__name__}, not a Workload")
     return workload
+
+
+def transformer(
+    seed: int = 0, vocab: int = 64, dim: int = 128, layers: int = 2, context: int = 64
+) -> Workload:
+    """A small causal transformer (~0.4M parameters) on synthetic tokens from a fixed random
+    Markov chain, so the loss can fall to the chain's entropy: a GPU-sized workload for
+    ``--device cuda`` profiles (it runs on CPU too, slowly)."""
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    logits = torch.randn(vocab, vocab, generator=gen) * 2.0
+    chain = torch.softmax(logits, dim=1)
+
+    def batch(g: torch.Generator, n: int) -> Batch:
+        tokens = torch.empty(n, context + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, vocab, (n,), generator=g)
+        for i in range(context):
+            tokens[:, i + 1] = torch.multinomial(chain[tokens[:, i]], 1, generator=g).squeeze(1)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    torch.manual_seed(seed)
+    model = TinyTransformer(vocab, dim, layers, context)
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    return Workload("transformer", model, batch, loss, batch(gen, 64))
+
+
+class TinyTransformer(nn.Module):
+    """Token and position embeddings, ``layers`` pre-norm encoder layers under a causal mask,
+    and a linear head."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, context: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(torch.zeros(context, dim))
+        layer = nn.TransformerEncoderLayer(
+            dim, nhead=4, dim_feedforward=4 * dim, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        h = self.embed(tokens) + self.position[:n]
+        return self.head(self.blocks(h, mask=self.mask[:n, :n], is_causal=True))
+
+
+BUILTIN["transformer"] = transformer
+
+
+def resolve_device(device: str, workers: int, local_rank: int = 0) -> torch.device:
+    """The device a worker computes on: ``cuda`` (or ``auto`` with a GPU present) takes GPU
+    ``local_rank mod`` the GPUs of this machine; otherwise the CPU."""
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible to torch on this machine")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def backend_for(device: torch.device, workers: int) -> str:
+    """NCCL when every worker of this machine has a GPU of its own, gloo otherwise (CPU, or
+    several workers sharing a GPU)."""
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", workers))
+    if device.type == "cuda" and torch.cuda.device_count() >= local:
+        return "nccl"
+    return "gloo"

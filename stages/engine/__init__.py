@@ -1,24 +1,20 @@
-"""The distributed engine behind ``bdsgd profile`` and ``bdsgd train``.
+"""The distributed engine behind ``bdsgd profile`` and ``bdsgd train``: one shape, three variants.
 
-A parameter server (process id 0) and N workers (ids 1..N, trace worker w = id - 1) share a c10d
-TCPStore for control and a gloo (CPU) process group for tensors. Every iteration:
+- ``config.py``: :class:`EngineConfig`, the optimizer and the learning-rate scaling.
+- ``report.py``: :class:`WorkerReport`, the one encoding of a computation from worker to trace.
+- ``protocol.py``: store keys, payloads, the control store and gloo groups.
+- ``base.py``: :class:`Engine`, what every variant shares (loop, liveness, metrics row, trace rows,
+  checkpoint state) and :class:`ServerModel` (parameters held by an engine process).
+- ``sync.py``: :class:`SyncEngine`, the cutoff iteration (choose, announce, admit tickets through
+  the policy driver, close, apply, observe, record) shared by:
+  - ``ps.py``: :class:`ParameterServer` -- the server holds the model, sends parameters, receives
+    the admitted gradients (worker loop: ``worker.py``);
+  - ``collective.py``: :class:`Coordinator` -- holds nothing; the replicas (``replica.py``) cut
+    inside one all-reduce among themselves (gloo on CPU, NCCL on GPU).
+- ``async_server.py`` / ``async_worker.py`` / ``async_protocol.py``: k-async, async, adasync.
+- ``launch.py``: the control store, spawned workers (or torchrun ranks), checkpoints, shutdown.
 
-1. the server asks the policy for c, announces the iteration in the store and sends the current
-   parameters to every live worker;
-2. each worker waits out its injected delay (a store wait that ends early when the iteration is
-   cut), computes its gradient micro-batch by micro-batch, and takes a ticket from the iteration's
-   atomic counter (``store.add``): tickets 1..c are admitted and send their gradient, ticket c
-   sets the iteration's cut key, which makes every straggler abandon the iteration;
-3. the server receives the c admitted gradients in ticket order, steps its optimizer, feeds the
-   policy (stragglers censored at the c-th run-time) and moves on.
-
-Workers append their own per-iteration record to a store key per batch of iterations; the server
-turns those into schema-v1 trace rows off the critical path. A worker that dies poisons a gloo
-context, so the server rebuilds the group among the survivors (a new "generation").
-
-Asynchronous policies (``k-async:K``, ``async``, ``adasync``) run a second server/worker pair
-(``async_server.py``, ``async_worker.py``, keys in ``async_protocol.py``): each worker computes
-continuously, takes a ticket from one global arrival counter when its gradient is ready and sends
-it over its own two-member gloo group; the server applies every K arrivals and sends fresh
-parameters to those K senders only, so stragglers keep computing and land late (stale).
+Every variant's workers take an atomic ticket from the c10d store when their gradient is ready
+and write their :class:`WorkerReport` under it, so "first c" is decided in one round trip, across
+machines too. See docs/architecture.md.
 """

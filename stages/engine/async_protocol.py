@@ -12,7 +12,6 @@ gradient over its pair; the server reads tickets in order and receives from thei
 from __future__ import annotations
 
 import datetime
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -21,7 +20,6 @@ PARAMS_TAG = 11
 GRAD_TAG = 12
 STOP_VERSION = -1.0  # a parameter message with this version tells the worker to stop
 PARAM_HEADER = 2  # version, computation index j
-GRAD_HEADER = 7  # runtime_s, loss, worker, version, j, start_s, delay_s
 MODE_KEY = "engine/mode"  # "sync" or "k-async": what a torchrun worker rank should run
 READY = "async/ready"  # counter: workers connected to the store
 CONNECT = "async/connect"  # the live workers ("0,2,..."), once ready: the server builds pairs
@@ -30,12 +28,14 @@ STOP = "async/stop"  # exists once the run is over: computing workers abandon th
 
 
 def arrival_key(ticket: int) -> str:
-    """Which worker (process id) holds arrival ticket ``ticket`` (1-based)."""
+    """The :class:`WorkerReport` of the computation holding arrival ticket ``ticket``
+    (1-based)."""
     return f"async/a/{ticket}"
 
 
 def end_key(worker: int) -> str:
-    """A stopped worker's unfinished computation: ``"j,start_s,elapsed_s,delay_s"`` (or ``""``)."""
+    """A stopped worker's unfinished computation: its censored :class:`WorkerReport` (or
+    empty when it had none under way)."""
     return f"async/end/{worker}"
 
 
@@ -52,38 +52,3 @@ def pair_group(
 
 def pack_params(vector: torch.Tensor, version: float, j: int) -> torch.Tensor:
     return torch.cat([torch.tensor([float(version), float(j)]), vector])
-
-
-def pack_grad(vector: torch.Tensor, header: GradHeader) -> torch.Tensor:
-    return torch.cat([torch.tensor(header.values()), vector])
-
-
-class GradHeader(NamedTuple):
-    """What travels in front of a gradient: the facts of the computation (its trace row)."""
-
-    runtime_s: float
-    loss: float
-    worker: int  # trace worker 0..N-1
-    version: int  # updates applied when the worker read its parameters
-    j: int  # the worker's computation index (the trace row's iteration)
-    start_s: float  # when the computation began, seconds since run start
-    delay_s: float  # injected delay it waited out
-
-    def values(self) -> list[float]:
-        return [float(v) for v in self]
-
-    @staticmethod
-    def unpack(buf: torch.Tensor) -> GradHeader:
-        rt, loss, w, version, j, start, delay = buf[:GRAD_HEADER].tolist()
-        return GradHeader(rt, loss, int(w), int(version), int(j), start, delay)
-
-
-def encode_end(j: int, start_s: float, elapsed_s: float, delay_s: float) -> str:
-    return f"{j},{start_s:.6f},{elapsed_s:.6f},{delay_s:.6f}"
-
-
-def decode_end(blob: bytes) -> tuple[int, float, float, float] | None:
-    if not blob:
-        return None
-    j, start, elapsed, delay = blob.decode().split(",")
-    return int(j), float(start), float(elapsed), float(delay)

@@ -1,21 +1,20 @@
-"""The parameter server of the asynchronous mode (``k-async:K``, ``async``, ``adasync``): the same
-semantics as the simulator's ``simulate_k_async``. One update reads top to bottom in
-:meth:`AsyncServer.update`: ask the policy for K, take the next K gradients in arrival order
-(whichever parameters they were computed on), step, tell the policy, and send fresh parameters to
-those K workers only; every other worker keeps computing on the parameters it started from. A
-gradient's staleness is the number of updates applied between its read and its write.
+"""The asynchronous variant (``k-async:K``, ``async``, ``adasync``): the same semantics as the
+simulator's ``simulate_k_async``. One update reads top to bottom in :meth:`AsyncServer.step`: ask
+the policy for K, take the next K gradients in arrival order (whichever parameters they were
+computed on), step, tell the policy, and send fresh parameters to those K workers only; every
+other worker keeps computing on the parameters it started from. A gradient's staleness is the
+number of updates applied between its read and its write.
 
-Trace rows: one per (worker, computation j), iteration = j, written when the gradient arrives
-(censored False) -- the server has the facts from the gradient's header. When the run ends,
-computations still under way are stopped and written censored at the time they had run;
-gradients that arrived after the last update are written as the finished computations they are
-(never applied). A worker that dies is written censored at the time it was declared dead.
+Trace rows: one per (worker, computation j), iteration = j, from the worker's report under its
+arrival ticket (censored False). When the run ends, computations still under way are stopped and
+written censored at the time they had run; gradients that arrived after the last update are
+written as the finished computations they are (never applied). A worker that dies is written
+censored at the time it was declared dead.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -24,92 +23,71 @@ from torch.nn.utils import parameters_to_vector
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
-from stages.engine.server import EngineConfig, IterationLog, scaled_lr
-from stages.errors import WorkerError
-from stages.policies.base import Policy
-from stages.store import TraceWriter
-from stages.workloads import Workload
+from stages.engine.base import Engine, ServerModel
+from stages.engine.config import scaled_lr
+from stages.engine.report import WorkerReport
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after
 
 
-class AsyncServer:
-    def __init__(
-        self,
-        cfg: EngineConfig,
-        store: dist.Store,
-        workload: Workload,
-        policy: Policy,
-        writer: TraceWriter,
-        alive: Callable[[int], bool],
-    ):
-        self.cfg, self.store, self.policy, self.writer, self.alive = (
-            cfg,
-            store,
-            policy,
-            writer,
-            alive,
-        )
-        self.workload, self.model = workload, workload.model
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+class AsyncServer(Engine):
+    kind = "async"
+
+    def __init__(self, cfg, store, workload, policy, writer, alive):
+        super().__init__(cfg, store, policy, writer, alive)
+        self.params = ServerModel(workload, cfg)
         n = cfg.workers
-        self.live = np.ones(n, dtype=bool)
         self.waiting = np.zeros(n, dtype=bool)  # gradient taken, waits for the update's params
         self.began = np.zeros(n)  # perf_counter when its current computation's params were sent
         self.began_wall = np.zeros(n)  # the same moment, wall clock (trace rows' start_s)
         self.current_j = np.zeros(n, dtype=int)  # index of its current computation
         self.next_j = np.zeros(n, dtype=int)  # index of its next computation
         self.written_j = np.zeros(n, dtype=int)  # 1 + the last computation with a trace row
-        self.dead_at: dict[int, int] = {}
         self.groups: dict[int, dist.ProcessGroupGloo] = {}
         self.sends: dict[int, object] = {}  # pending parameter sends (keep their buffers alive)
-        self.log = IterationLog()
         self.version = 0  # updates applied
         self.cursor = 0  # arrival tickets handled
         self.hole: tuple[int, float] | None = None  # (ticket, since) of a ticket with no holder
         self.k = 0  # K of the update under way
-        self.current = -1  # the update under way (or last begun)
-        self.next_iteration = 0  # the first update not completed
-        self.rows_added = 0
         self.finishing = False
-        self.wall_offset = 0.0
-        self.t0 = self.last_end = time.perf_counter()
+        self.last_end = time.perf_counter()
         self.t0_epoch = time.time()  # the trace clock's origin (the store's "t0", as the workers')
-        self.grad_buf = torch.zeros(
-            A.GRAD_HEADER + parameters_to_vector(self.model.parameters()).numel()
-        )
+        self.grad_buf = torch.zeros(parameters_to_vector(workload.model.parameters()).numel())
         policy.overhead_s = cfg.overhead_s or 0.0
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self, start: int, on_update: Callable[[int, dict], None]) -> None:
-        self.connect()
-        self.t0 = time.perf_counter() - self.wall_offset  # the clock starts with the workers
-        self.last_end = time.perf_counter()
-        self.version = self.next_iteration = start
-        if start < self.cfg.iterations:
-            self.restart(np.flatnonzero(self.live))
-        for u in range(start, self.cfg.iterations):
-            self.current = u
-            row = self.update(u)
-            self.next_iteration = u + 1
-            on_update(u, row)
-
-    def update(self, u: int) -> dict:
+    def step(self, u: int) -> dict:
         self.reap()
         tic = time.perf_counter()
         self.k = min(max(int(self.policy.choose(self.live.copy())), 1), int(self.live.sum()))
         decision_ms = (time.perf_counter() - tic) * 1e3
         batch, grad_sum = self.collect(self.k)
-        lr = self.step(grad_sum, len(batch))
-        staleness = [self.version - h.version for h in batch]
+        lr = scaled_lr(self.cfg, len(batch), int(self.live.sum()))
+        if batch:
+            self.params.step(grad_sum, len(batch), lr)
+        staleness = [self.version - r.version for r in batch]
         self.version += 1
         self.observe(batch)
         if u + 1 < self.cfg.iterations:  # after the last update the senders are told to stop
-            self.restart([h.worker for h in batch if self.live[h.worker]])
-        return self.record(u, batch, staleness, decision_ms, lr)
+            self.restart([r.worker for r in batch if self.live[r.worker]])
+        now = time.perf_counter()
+        row = self.record(
+            u,
+            iteration_s=now - self.last_end,
+            c=len(batch),
+            decision_ms=decision_ms,
+            loss=float(np.mean([r.loss for r in batch])) if batch else None,
+            lr=lr,
+            chosen_c=self.k,
+            start_s=self.last_end - self.t0,
+            busy_s=float(sum(r.runtime_s for r in batch)),
+            staleness=float(np.mean(staleness)) if staleness else 0.0,
+        )
+        self.last_end = now
+        return row
 
     # -- steps of an update -------------------------------------------------------------------
-    def collect(self, k: int) -> tuple[list[A.GradHeader], torch.Tensor | None]:
+    def collect(self, k: int) -> tuple[list[WorkerReport], torch.Tensor | None]:
         """The next k gradients in arrival order (fewer if workers die meanwhile)."""
         batch, grad_sum = [], None
         deadline = time.monotonic() + self.cfg.timeout_s
@@ -117,12 +95,12 @@ class AsyncServer:
             got = self.next_arrival(deadline)
             if got is None:
                 continue
-            header, grad = got
-            batch.append(header)
+            report, grad = got
+            batch.append(report)
             grad_sum = grad.clone() if grad_sum is None else grad_sum.add_(grad)
         return batch, grad_sum
 
-    def next_arrival(self, deadline: float) -> tuple[A.GradHeader, torch.Tensor] | None:
+    def next_arrival(self, deadline: float) -> tuple[WorkerReport, torch.Tensor] | None:
         """The gradient holding the next ticket, or None when the set of workers changed (a
         death, a timeout, a ticket whose holder died) and the caller should look again."""
         ticket = self.cursor + 1
@@ -137,10 +115,11 @@ class AsyncServer:
                 self.cursor = ticket
                 return None
         self.cursor = ticket
-        return self.receive(int(self.store.get(key).decode()) - 1)
+        return self.receive(WorkerReport.decode(self.store.get(key)))
 
-    def receive(self, w: int) -> tuple[A.GradHeader, torch.Tensor] | None:
-        """Receive worker w's gradient and write its computation's trace row."""
+    def receive(self, report: WorkerReport) -> tuple[WorkerReport, torch.Tensor] | None:
+        """Receive the reporting worker's gradient and write its computation's trace row."""
+        w = report.worker
         if not self.live[w]:
             return None  # declared dead (timed out): its gradient is not taken
         try:
@@ -148,10 +127,9 @@ class AsyncServer:
         except (RuntimeError, dist.DistError):
             self.declare_dead([w])
             return None
-        header = A.GradHeader.unpack(self.grad_buf)
         self.waiting[w] = True
-        self.add_row(w, header.j, header.start_s, header.runtime_s, False, header.delay_s)
-        return header, self.grad_buf[A.GRAD_HEADER :]
+        self.add_row(report)
+        return report, self.grad_buf
 
     def holder_died(self, ticket: int) -> bool:
         """Whether ``ticket`` was taken by a worker that died before naming itself: only asked
@@ -162,33 +140,19 @@ class AsyncServer:
             self.hole = (ticket, time.monotonic())
         return time.monotonic() - self.hole[1] > HOLE_GRACE_S
 
-    def step(self, grad_sum: torch.Tensor | None, n: int) -> float:
-        """Average the n gradients and step, with the learning rate scaled to n of the live."""
-        lr = scaled_lr(self.cfg, n, int(self.live.sum()))
-        if grad_sum is None:
-            return lr
-        offset = 0
-        for p in self.model.parameters():
-            p.grad = (grad_sum[offset : offset + p.numel()] / n).view_as(p)
-            offset += p.numel()
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-        self.opt.step()
-        return lr
-
-    def observe(self, batch: list[A.GradHeader]) -> None:
+    def observe(self, batch: list[WorkerReport]) -> None:
         """As the simulator does: the senders' run-times exactly, every other worker censored at
         the time its computation has run so far (a dead one at the longest run-time applied)."""
         elapsed = np.maximum(time.perf_counter() - self.began, 1e-6)
         censored = np.ones(self.cfg.workers, dtype=bool)
-        runtimes = np.where(self.live, elapsed, max((h.runtime_s for h in batch), default=1e-6))
-        for h in batch:
-            runtimes[h.worker], censored[h.worker] = max(h.runtime_s, 1e-6), False
+        runtimes = np.where(self.live, elapsed, max((r.runtime_s for r in batch), default=1e-6))
+        for r in batch:
+            runtimes[r.worker], censored[r.worker] = max(r.runtime_s, 1e-6), False
         self.policy.observe(runtimes, censored)
 
     def restart(self, workers) -> None:
         """Send the current parameters to ``workers``: each begins its next computation."""
-        vector = parameters_to_vector(self.model.parameters()).detach()
+        vector = parameters_to_vector(self.params.model.parameters()).detach()
         for w in map(int, workers):
             j = int(self.next_j[w])
             payload = A.pack_params(vector, self.version, j)
@@ -200,76 +164,41 @@ class AsyncServer:
                 self.declare_dead([w])
             self.waiting[w] = False
 
-    def record(self, u, batch, staleness, decision_ms, lr) -> dict:
-        now = time.perf_counter()
-        row = dict(
-            policy=self.policy.name,
-            iteration=u,
-            wall_s=now - self.t0,
-            iteration_s=now - self.last_end,
-            c=len(batch),
-            workers=int(self.live.sum()),
-            decision_ms=decision_ms,
-            loss=float(np.mean([h.loss for h in batch])) if batch else None,
-            eval_loss=self.evaluate() if u % self.cfg.eval_every == 0 else None,
-            lr=lr,
-            staleness=float(np.mean(staleness)) if staleness else 0.0,
-            chosen_c=self.k,
-            start_s=self.last_end - self.t0,
-            busy_s=float(sum(h.runtime_s for h in batch)),
-        )
-        predicted = self.policy.describe()
-        for k in ("pred_q10", "pred_q50", "pred_q90"):  # plain floats: state() saves the log
-            row[k] = None if predicted.get(k) is None else float(predicted[k])
-        self.log.add(**row)
-        self.last_end = now
-        return row
-
-    @torch.no_grad()
     def evaluate(self) -> float:
-        x, y = self.workload.eval_batch
-        return float(self.workload.loss(self.model(x), y))
+        return self.params.evaluate()
 
     # -- start, liveness, end -----------------------------------------------------------------
     def connect(self) -> None:
         """Wait (bounded) for every live worker, then build each one's pair group."""
         self.t0_epoch = float(self.store.get("t0").decode())
-        deadline = time.monotonic() + self.cfg.timeout_s
-        while self.store.add(A.READY, 0) < int(self.live.sum()):
-            if time.monotonic() > deadline:
-                raise WorkerError(f"workers did not start within {self.cfg.timeout_s:g} s")
-            self.reap()
-            time.sleep(0.01)
+        self.wait_counter(A.READY, int(self.live.sum()))
         self.store.set(A.CONNECT, ",".join(str(w) for w in np.flatnonzero(self.live)))
         for w in map(int, np.flatnonzero(self.live)):
             try:
                 self.groups[w] = A.pair_group(self.store, w, 0, self.cfg.host, self.cfg.timeout_s)
             except (RuntimeError, dist.DistError):
                 self.declare_dead([w])
-
-    def reap(self) -> bool:
-        """Mark workers whose process ended as dead; True if any newly died."""
-        newly = [int(w) for w in np.flatnonzero(self.live) if not self.alive(int(w))]
-        if newly:
-            self.declare_dead(newly)
-        return bool(newly)
+        self.last_end = time.perf_counter()
+        self.version = self.next_iteration
+        if self.next_iteration < self.cfg.iterations:
+            self.restart(np.flatnonzero(self.live))  # everyone begins its first computation
 
     def declare_dead(self, workers) -> None:
-        """Exclude ``workers``; a computation under way is written censored at its time so far."""
-        for w in map(int, workers):
-            if not self.live[w]:
-                continue
-            self.live[w] = False
-            self.dead_at.setdefault(w, max(self.current, 0))
+        if self.finishing:  # the run is over: exclude, never abort
+            for w in map(int, workers):
+                if self.live[w]:
+                    self.live[w] = False
+                    self.on_dead([w])
+            return
+        super().declare_dead(workers)
+
+    def on_dead(self, workers: list[int]) -> None:
+        """A computation under way is written censored at its time so far."""
+        for w in workers:
             if not self.waiting[w] and w in self.groups:
                 self.add_censored(w)
-        if self.live.sum() < self.cfg.min_workers and not self.finishing:
-            raise WorkerError(
-                f"only {int(self.live.sum())} worker(s) left, fewer than --min-workers "
-                f"{self.cfg.min_workers}"
-            )
 
-    def finish(self, grace_s: float = 10.0) -> None:
+    def finish(self, current: int, grace_s: float = 10.0) -> None:
         """End the run: stop every worker, take the gradients that still arrive (written, not
         applied), write unfinished computations censored. Bounded by ``grace_s``; never raises
         for a store or worker that is already gone."""
@@ -292,21 +221,20 @@ class AsyncServer:
             self.reap()
             if P.wait_key(self.store, A.arrival_key(self.cursor + 1), 0.02):
                 self.cursor += 1
-                w = int(self.store.get(A.arrival_key(self.cursor)).decode()) - 1
-                if w in out and self.receive(w) is not None:
-                    self.send_stop(w)
+                report = WorkerReport.decode(self.store.get(A.arrival_key(self.cursor)))
+                if report.worker in out and self.receive(report) is not None:
+                    self.send_stop(report.worker)
             for w in list(out):
                 if self.waiting[w] or not self.live[w]:
                     out.discard(w)
                 elif self.store.check([A.end_key(w)]):
-                    end = A.decode_end(self.store.get(A.end_key(w)))
-                    if end is not None:
-                        self.add_row(w, end[0], end[1], end[2], True, end[3])
+                    if blob := self.store.get(A.end_key(w)):
+                        self.add_row(WorkerReport.decode(blob))
                     self.waiting[w] = True  # accounted for
                     out.discard(w)
 
     def send_stop(self, w: int) -> None:
-        payload = torch.zeros(A.PARAM_HEADER + self.grad_buf.numel() - A.GRAD_HEADER)
+        payload = torch.zeros(A.PARAM_HEADER + self.grad_buf.numel())
         payload[0] = A.STOP_VERSION
         try:
             self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
@@ -318,58 +246,19 @@ class AsyncServer:
         """Worker w's current computation, censored at the time it has run so far."""
         elapsed = time.perf_counter() - self.began[w]
         start = self.began_wall[w] - self.t0_epoch
-        self.add_row(w, int(self.current_j[w]), start, elapsed, True, 0.0)
-
-    def add_row(self, w: int, j: int, start_s, runtime_s, censored: bool, delay_s) -> None:
-        values = dict(
-            run_id=self.cfg.run_id,
-            iteration=j,
-            worker=w,
-            host=self.cfg.hosts[w],
-            world_size=self.cfg.workers,
-            start_s=max(float(start_s), 0.0),
-            runtime_s=max(float(runtime_s), 1e-6),
-            censored=censored,
-            cutoff=self.k or None,
-            policy=self.policy.name,
-            source=self.cfg.source,
-            injected_delay_s=float(delay_s),
-            workload=self.cfg.workload,
-            batch_size=self.cfg.batch_size,
-            device="cpu",
+        self.add_row(
+            WorkerReport(w, int(self.current_j[w]), start, elapsed, np.nan, 0.0).cut_at(elapsed)
         )
-        self.writer.add({k: [v] for k, v in values.items()})
-        self.rows_added += 1
-        self.written_j[w] = max(self.written_j[w], j + 1)
 
-    def flush_through(self, u: int) -> None:
-        """Checkpoint support: every row of the updates up to u is already with the writer."""
-        self.writer.flush()
+    def add_row(self, report: WorkerReport) -> None:
+        self.add_rows([report], self.k or None)
+        self.written_j[report.worker] = max(self.written_j[report.worker], report.iteration + 1)
 
     # -- state for --resume -------------------------------------------------------------------
-    def state(self, next_iteration: int) -> dict:
-        """Everything needed to continue: tensors and plain values only (weights_only loads)."""
-        return {
-            "version": 1,
-            "mode": "k-async",
-            "run_id": self.cfg.run_id,
-            "next_iteration": next_iteration,
-            "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "live": self.live.tolist(),
-            "dead_at": {str(k): v for k, v in self.dead_at.items()},
-            "log": self.log.rows,
-            "next_j": [int(j) for j in self.written_j],
-            "overhead": 0.0,
-        }
+    def parameter_state(self) -> dict:
+        return {**self.params.state(), "next_j": [int(j) for j in self.written_j]}
 
-    def load_state(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.live = np.array(state["live"], dtype=bool)
-        self.dead_at = {int(k): v for k, v in state["dead_at"].items()}
-        self.log.rows = {k: list(v) for k, v in state["log"].items()}
+    def load_parameter_state(self, state: dict) -> None:
+        self.params.load(state)
         self.next_j = np.array(state["next_j"], dtype=int)
         self.written_j = self.next_j.copy()
-        if self.log.rows.get("wall_s"):
-            self.wall_offset = self.log.rows["wall_s"][-1]  # wall-clock continues where it stopped

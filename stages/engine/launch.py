@@ -1,10 +1,10 @@
 """Starting and stopping an engine run on one machine: the control store, N spawned worker
-processes, the server loop in this process, periodic server checkpoints, and a shutdown that
-leaves no process behind (stop keys, bounded joins, then terminate and kill).
+processes, the engine loop in this process, periodic checkpoints, and a shutdown that leaves no
+process behind (stop keys, bounded joins, then terminate and kill).
 
-The policy's ``mode`` picks the engine: ``sync`` policies run the cutoff server and workers
-(``server.py``, ``worker.py``), ``k-async`` ones the asynchronous pair (``async_server.py``,
-``async_worker.py``). Torchrun worker ranks learn the mode from the store."""
+:func:`variant` picks the engine: asynchronous policies (``k-async``) run the asynchronous server
+and workers; cutoff policies run ``--engine ps`` (parameter server) or ``--engine collective``
+(all-reduce among worker replicas). Torchrun worker ranks learn the variant from the store."""
 
 from __future__ import annotations
 
@@ -23,13 +23,37 @@ from stages.engine import async_protocol as A
 from stages.engine import protocol as P
 from stages.engine.async_server import AsyncServer
 from stages.engine.async_worker import async_worker_main
-from stages.engine.server import EngineConfig, Server
-from stages.engine.worker import WorkerSpec, default_bind_host, worker_main
+from stages.engine.base import Engine
+from stages.engine.collective import Coordinator
+from stages.engine.config import EngineConfig
+from stages.engine.ps import ParameterServer
+from stages.engine.replica import replica_main
+from stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
 from stages.errors import ConfigError, WorkerError
 from stages.policies.base import Policy
 from stages.safe_load import save_atomic
 from stages.store import TraceStore, TraceWriter
 from stages.workloads import load_workload
+
+VARIANTS = {
+    "ps": (ParameterServer, ps_worker_main),
+    "collective": (Coordinator, replica_main),
+    "async": (AsyncServer, async_worker_main),
+}
+
+
+def variant(cfg: EngineConfig, policy: Policy) -> str:
+    """Which engine runs ``policy``: ``async`` for the asynchronous policies, else
+    ``cfg.engine`` (``auto``: collective)."""
+    if policy.mode != "k-async":
+        return "collective" if cfg.engine == "auto" else cfg.engine
+    if cfg.engine == "collective" or cfg.device == "cuda":
+        raise ConfigError(
+            f"{policy.name} applies stale gradients through a parameter server: it runs on "
+            "--engine ps only, on CPU"
+        )
+    return "async"
+
 
 STATE_FILE = "server_state.pt"
 
@@ -41,7 +65,8 @@ class EngineResult:
     rows_written: int
     trace_files: list[Path]
     interrupted: bool
-    final_eval_loss: float
+    final_eval_loss: float | None
+    extras: dict  # what the engine variant adds to the summary (collective: join lag, replicas)
 
 
 def run_engine(
@@ -52,10 +77,11 @@ def run_engine(
     run_dir: Path | None = None,
     resume: dict | None = None,
 ) -> EngineResult:
-    """Run iterations ``[start, cfg.iterations)``; the server is this process."""
+    """Run iterations ``[start, cfg.iterations)``; the engine loop is this process."""
     P.quiet_c10d_logs()
-    torch.set_num_threads(1)  # the server shares the machine with its workers; decisions stay fast
-    workload = load_workload(cfg.workload, seed=cfg.seed)
+    torch.set_num_threads(1)  # the engine shares the machine with its workers; decisions stay fast
+    kind = variant(cfg, policy)
+    engine_class, worker_main = VARIANTS[kind]
     tr = Torchrun.from_env()
     if tr:
         cfg = tr.server_config(cfg)
@@ -63,69 +89,44 @@ def run_engine(
     else:
         store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
     start = int(resume["next_iteration"]) if resume else 0
-    asynchronous = policy.mode == "k-async"
-    store.set(A.MODE_KEY, policy.mode)
+    store.set(A.MODE_KEY, kind)
     store.set("start_iteration", str(start))
     store.set("t0", repr(time.time()))
     writer = TraceWriter(TraceStore(traces), batch_rows=cfg.record_batch * cfg.workers)
-    procs = [] if tr else spawn_workers(cfg, store.port, asynchronous)
-    alive = (lambda w: True) if tr else (lambda w: procs[w].is_alive())  # torchrun: timeouts tell
-    server_class = AsyncServer if asynchronous else Server
-    server = server_class(cfg, store, workload, policy, writer, alive=alive)
+    engine = engine_class(cfg, store, load_workload(cfg.workload, seed=cfg.seed), policy, writer,
+                          alive=lambda w: True)  # fmt: skip
     if resume:
-        server.load_state(resume)
+        engine.load_state(resume)
+    procs = [] if tr else spawn_workers(cfg, store.port, worker_main)
+    if procs:  # torchrun: timeouts tell
+        engine.alive = lambda w: procs[w].is_alive()
     interrupted = False
     try:
-        server.run(start, _with_checkpoints(server, on_iteration, run_dir))
+        engine.run(start, _with_checkpoints(engine, on_iteration, run_dir))
     except KeyboardInterrupt:
         interrupted = True  # the caller writes what it has, then reports the interrupt
     finally:
-        if asynchronous:
-            server.finish()  # stops the workers, writes what they still report
-            join_or_kill(procs)
-        else:
-            stop_workers(store, procs, max(server.current, start))  # also during start-up
-            server.collect_records(upto=server.current, final=True)
+        engine.finish(max(engine.current, start))  # also during start-up
+        join_or_kill(procs)
         writer.close()
-        if run_dir is not None and server.next_iteration > start:
-            save_state(run_dir, server.state(server.next_iteration))
+        if run_dir is not None and engine.next_iteration > start:
+            save_state(run_dir, engine.state(engine.next_iteration))
     return EngineResult(
-        server.log.rows,
-        server.dead_at,
+        engine.log.rows,
+        engine.dead_at,
         writer.rows_written,
         writer.files,
         interrupted,
-        server.evaluate(),
+        engine.final_loss(),
+        engine.extras(),
     )
 
 
-def worker_spec(
-    cfg: EngineConfig, worker_id: int, store_host: str, port: int, bind: str
-) -> WorkerSpec:
-    return WorkerSpec(
-        worker_id=worker_id,
-        num_workers=cfg.workers,
-        store_host=store_host,
-        store_port=port,
-        bind_host=bind,
-        workload=cfg.workload,
-        batch_size=cfg.batch_size,
-        micro_batches=cfg.micro_batches,
-        stragglers=cfg.stragglers,
-        time_scale=cfg.time_scale,
-        seed=cfg.seed,
-        iterations=cfg.iterations,
-        record_batch=cfg.record_batch,
-        timeout_s=cfg.timeout_s,
-    )
-
-
-def spawn_workers(cfg: EngineConfig, port: int, asynchronous: bool = False) -> list[mp.Process]:
+def spawn_workers(cfg: EngineConfig, port: int, main) -> list[mp.Process]:
     ctx = mp.get_context("spawn")
-    main = async_worker_main if asynchronous else worker_main
     procs = []
     for w in range(cfg.workers):
-        spec = worker_spec(cfg, w + 1, cfg.host, port, cfg.host)
+        spec = WorkerSpec(w + 1, cfg.host, port, cfg.host, cfg, local_rank=w)
         proc = ctx.Process(target=main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
         proc.start()
         procs.append(proc)
@@ -171,29 +172,17 @@ class Torchrun:
 
 
 def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
-    """Body of a worker rank under torchrun; the server's policy mode (in the store) says which
+    """Body of a worker rank under torchrun; the engine's variant (in the store) says which
     worker loop to run."""
     tr.check(cfg.workers)
     P.quiet_c10d_logs()
     try:
-        mode = P.open_store(tr.addr, tr.port, False, cfg.timeout_s).get(A.MODE_KEY).decode()
+        kind = P.open_store(tr.addr, tr.port, False, cfg.timeout_s).get(A.MODE_KEY).decode()
     except dist.DistError:
-        raise WorkerError(f"no word from the server within {cfg.timeout_s:g} s") from None
-    main = async_worker_main if mode == "k-async" else worker_main
-    main(worker_spec(cfg, tr.rank, tr.addr, tr.port, default_bind_host()))
-
-
-def stop_workers(store, procs: list[mp.Process], current: int, grace_s: float = 10.0) -> None:
-    """Tell workers to stop after ``current``, cut it short, wait (bounded), then force."""
-    try:
-        for t in (current, current + 1):
-            if t >= 0 and not store.check([P.go_key(t)]):
-                store.set(P.go_key(t), P.STOP)
-        if current >= 0:
-            store.set(P.cut_key(current), "1")
-    except RuntimeError:
-        pass  # the store is gone: workers will notice and exit on their own
-    join_or_kill(procs, grace_s)
+        raise WorkerError(f"no word from the engine within {cfg.timeout_s:g} s") from None
+    local_rank = int(os.environ.get("LOCAL_RANK", tr.rank - 1))
+    spec = WorkerSpec(tr.rank, tr.addr, tr.port, default_bind_host(), cfg, local_rank)
+    VARIANTS[kind][1](spec)
 
 
 def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
@@ -210,22 +199,14 @@ def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
             proc.join(1.0)
 
 
-def _with_checkpoints(server: Server, on_iteration, run_dir: Path | None):
+def _with_checkpoints(engine: Engine, on_iteration, run_dir: Path | None):
     def callback(t: int, row: dict) -> None:
         on_iteration(t, row)
-        if run_dir is not None and (t + 1) % server.cfg.record_batch == 0:
-            server.flush_through(t)
-            wait_written(server.writer, server.rows_added, server.cfg.timeout_s)
-            save_state(run_dir, server.state(t + 1))
+        if run_dir is not None and (t + 1) % engine.cfg.record_batch == 0:
+            engine.flush_through(t)
+            save_state(run_dir, engine.state(t + 1))
 
     return callback
-
-
-def wait_written(writer: TraceWriter, rows: int, timeout_s: float) -> None:
-    """Wait (bounded) until the writer has put ``rows`` rows on disk."""
-    deadline = time.monotonic() + timeout_s
-    while writer.rows_written < rows and time.monotonic() < deadline:
-        time.sleep(0.005)
 
 
 def save_state(run_dir: Path, state: dict) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -17,7 +17,6 @@ from stages.errors import WorkerError
 PARAMS_TAG = 1
 GRAD_TAG = 2
 PARAM_HEADER = 2  # iteration, cutoff
-GRAD_HEADER = 3  # runtime_s, loss, worker
 ONLINE = 0  # the cutoff a sync iteration announces when the server decides c as gradients arrive
 CLOSED = 1 << 20  # added to an iteration's ticket counter to close it: later tickets exceed any c
 STOP = "stop"
@@ -37,29 +36,13 @@ def ticket_key(t: int) -> str:
 
 
 def arrival_key(t: int, ticket: int) -> str:
-    """Which worker holds ticket ``ticket`` of iteration t, and its run-time
-    (:func:`encode_arrival`)."""
+    """The :class:`WorkerReport` of the worker holding ticket ``ticket`` of iteration t."""
     return f"a/{t}/{ticket}"
-
-
-def encode_arrival(worker_id: int, runtime_s: float) -> str:
-    return f"{worker_id},{runtime_s:.9f}"
-
-
-def decode_arrival(blob: bytes) -> tuple[int, float]:
-    """(process id, run-time in seconds) of an arrival key's value."""
-    worker, runtime = blob.decode().split(",")
-    return int(worker), float(runtime)
 
 
 def cut_key(t: int) -> str:
     """Exists once iteration t has its c gradients: stragglers abandon it."""
     return f"cut/{t}"
-
-
-def record_key(worker: int, batch: int) -> str:
-    """A worker's appended per-iteration records for iterations in ``batch``."""
-    return f"rec/{worker}/{batch}"
 
 
 def members_key(generation: int) -> str:
@@ -69,10 +52,6 @@ def members_key(generation: int) -> str:
 # -- payloads ---------------------------------------------------------------------------------
 def pack_params(vector: torch.Tensor, t: int, cutoff: int) -> torch.Tensor:
     return torch.cat([torch.tensor([float(t), float(cutoff)]), vector])
-
-
-def pack_grad(vector: torch.Tensor, runtime_s: float, loss: float, worker: int) -> torch.Tensor:
-    return torch.cat([torch.tensor([runtime_s, loss, float(worker)]), vector])
 
 
 def pack_params_of(params: Iterable[torch.Tensor], t: int, cutoff: int) -> torch.Tensor:
@@ -101,33 +80,6 @@ def bind_flat(params: Iterable[torch.Tensor], data: torch.Tensor, grads: torch.T
         p.data = d
         g.zero_()
         p.grad = g
-
-
-@dataclass(frozen=True)
-class Record:
-    """One worker's account of one iteration (what becomes a trace row)."""
-
-    iteration: int
-    start_s: float
-    runtime_s: float
-    censored: bool
-    delay_s: float
-
-    def encode(self) -> str:
-        return f"{self.iteration},{self.start_s:.6f},{self.runtime_s:.6f},{int(self.censored)},{self.delay_s:.6f};"
-
-    @staticmethod
-    def covers(blob: bytes, iteration: int) -> bool:
-        """Whether an appended record blob holds ``iteration`` (without decoding it)."""
-        return (b";" + blob).find(f";{iteration},".encode()) >= 0
-
-    @staticmethod
-    def decode_all(blob: bytes) -> list[Record]:
-        out = []
-        for item in filter(None, blob.decode().split(";")):
-            t, start, rt, cen, delay = item.split(",")
-            out.append(Record(int(t), float(start), float(rt), cen == "1", float(delay)))
-        return out
 
 
 # -- store helpers ----------------------------------------------------------------------------
@@ -172,17 +124,42 @@ def wait_key_until(store: dist.Store, key: str, deadline: float, slice_s: float 
 
 
 def open_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.TCPStore:
-    """The control store; the server hosts it on ``host`` (loopback unless the user names one)."""
+    """The control store. The server hosts it on ``host`` alone (loopback unless the user names
+    an address): torch's own master socket would listen on every interface, so the server binds
+    and listens itself (:func:`listen_on`) and hands the socket to the store. Under torchrun with
+    its agent's store, that store is torchrun's (see docs/security.md)."""
     try:
+        fd = None
+        if is_server:
+            fd, port = listen_on(host, port)
         return dist.TCPStore(
             host,
             port,
             is_master=is_server,
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=timeout_s),
+            master_listen_fd=fd,
         )
-    except (RuntimeError, dist.DistStoreError) as exc:
+    except (OSError, RuntimeError, dist.DistStoreError) as exc:
         raise WorkerError(f"cannot reach the control store at {host}:{port}: {exc}") from None
+
+
+def listen_on(host: str, port: int) -> tuple[int, int]:
+    """A TCP socket listening on ``host``'s address alone (port 0: any free port): its file
+    descriptor, which the store then owns and closes, and its port."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach(), port
 
 
 # -- process groups ---------------------------------------------------------------------------
@@ -209,3 +186,13 @@ def decode_members(blob: bytes) -> list[int]:
 def quiet_c10d_logs() -> None:
     """c10d logs a warning for every store wait that times out; our delays time out by design."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+def shutdown(group) -> None:
+    """Close a process group's connections, so members still blocked in it fail at once."""
+    for name in ("abort", "shutdown"):
+        try:
+            getattr(group, name)()
+            return
+        except (AttributeError, RuntimeError, dist.DistError):
+            continue

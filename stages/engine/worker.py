@@ -1,22 +1,29 @@
-"""The worker loop: wait for parameters, wait out the injected delay, compute the gradient, take a
-ticket, send the gradient if admitted, record the iteration. Stragglers abandon an iteration as
-soon as its cut key appears (during the delay at once, during computation at the next
-micro-batch boundary). When every worker sent the iteration is admitted (c = their number) no
-ticket can cut anyone, so the computation skips those checks; a server that gives up on such an
-iteration (a death, a timeout, Ctrl-C) still has receives posted for its late senders."""
+"""What every worker process does, whichever engine it serves: set up its workload, data stream
+and column of injected delays, compute a gradient micro-batch by micro-batch (abandoning it when
+told), time it, and report it (:class:`WorkerReport`). Then the synchronous parameter-server
+worker (:class:`PsWorker`): wait for parameters, wait out the injected delay, compute, take a
+ticket, send the gradient if admitted.
+
+Stragglers abandon an iteration as soon as its cut key appears (during the delay at once, during
+computation at the next micro-batch boundary). When every worker is admitted (c = their number)
+no ticket can cut anyone, so the computation skips those checks.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector
 
 from stages.engine import protocol as P
+from stages.engine.config import EngineConfig
+from stages.engine.report import WorkerReport
 from stages.stragglers import parse_stragglers
 from stages.workloads import Workload, load_workload
 
@@ -26,143 +33,195 @@ class WorkerSpec:
     """Everything a worker process needs; plain values so it crosses a spawn boundary."""
 
     worker_id: int  # process id 1..N; trace worker is worker_id - 1
-    num_workers: int
     store_host: str
     store_port: int
     bind_host: str
-    workload: str
-    batch_size: int
-    micro_batches: int
-    stragglers: str
-    time_scale: float
-    seed: int
-    iterations: int
-    record_batch: int
-    timeout_s: float
+    cfg: EngineConfig
+    local_rank: int = 0  # this worker's index among the workers of its machine (its GPU)
+
+
+@dataclass
+class Gradient:
+    """One computation's outcome: the mini-batch loss (None if abandoned) and the samples whose
+    gradient is accumulated in the model's ``.grad`` (all of them, unless abandoned)."""
+
+    loss: float | None
+    samples: int
+    runtime_s: float
+    delay_s: float
+    start_s: float
 
 
 class WorkerProcess:
-    """What every worker loop (sync and asynchronous) sets up: its workload and data stream, its
-    column of injected delays, the control store and the server's clock origin."""
+    """What every worker loop sets up: its workload and data stream, its column of injected
+    delays, the control store and the engine's clock origin."""
 
-    def __init__(self, spec: WorkerSpec):
-        self.spec = spec
+    def __init__(self, spec: WorkerSpec, device: torch.device | None = None):
+        self.spec, cfg = spec, spec.cfg
         self.w = spec.worker_id - 1
-        torch.manual_seed(spec.seed)
-        self.workload: Workload = load_workload(spec.workload, seed=spec.seed)
-        self.model = self.workload.model
-        self.gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.worker_id)
-        delays = parse_stragglers(spec.stragglers, spec.seed, spec.time_scale)
-        self.delays = delays.delays(spec.iterations, spec.num_workers)[:, self.w]
-        self.store = P.open_store(spec.store_host, spec.store_port, False, spec.timeout_s)
-        self.t0_epoch = float(self.store.get("t0").decode())  # the server's clock origin
+        self.device = device or torch.device("cpu")
+        torch.manual_seed(cfg.seed)
+        self.workload: Workload = load_workload(cfg.workload, seed=cfg.seed)
+        self.model = self.workload.model.to(self.device)
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + spec.worker_id)
+        model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
+        self.delays = model.column(cfg.iterations, cfg.workers, self.w)
+        self.store = P.open_store(spec.store_host, spec.store_port, False, cfg.timeout_s)
+        self.t0_epoch = float(self.store.get("t0").decode())  # the engine's clock origin
+
+    def delay(self, j: int) -> float:
+        return float(self.delays[j % len(self.delays)])
+
+    def compute(self, j: int, stop_key: str, cuttable: bool) -> Gradient:
+        """Wait out delay j (ended early by ``stop_key``), then forward/backward micro-batch by
+        micro-batch into the model's ``.grad`` (checking ``stop_key`` between micro-batches when
+        ``cuttable``). The gradient is the mean over the samples done."""
+        start, start_s = time.perf_counter(), time.time() - self.t0_epoch
+        delay = self.delay(j)
+        self.model.zero_grad(set_to_none=False)
+        if delay > 0 and P.wait_key(self.store, stop_key, delay):
+            return Gradient(None, 0, time.perf_counter() - start, delay, start_s)
+        parts = self.spec.cfg.micro_batches if cuttable else 1
+        waited = time.perf_counter() - start
+        with self.timer() as elapsed:
+            loss, samples = self.micro_batches(parts, lambda: self.store.check([stop_key]))
+        return Gradient(loss, samples, waited + elapsed(), delay, start_s)
+
+    @contextlib.contextmanager
+    def timer(self):
+        """Times the gradient: on a GPU with CUDA events around it, synchronised before the
+        reading (device time, not kernel-launch time); on the CPU with the wall clock. Yields a
+        function that returns the seconds once the block has run."""
+        box: list[float] = []
+        if self.device.type == "cuda":
+            begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            begin.record()
+            yield lambda: box[0]
+            end.record()
+            end.synchronize()
+            box.append(begin.elapsed_time(end) / 1e3)
+        else:
+            tic = time.perf_counter()
+            yield lambda: box[0]
+            box.append(time.perf_counter() - tic)
+
+    def micro_batches(self, parts: int, stop: Callable[[], bool]) -> tuple[float | None, int]:
+        """The mini-batch's gradient in ``parts`` micro-batches; (loss, samples), or (None,
+        samples done) when ``stop()`` says so between micro-batches. An iteration nobody can be
+        cut from runs as one pass."""
+        size = self.spec.cfg.batch_size
+        x, y = self.workload.batch(self.gen, size)
+        x, y = x.to(self.device), y.to(self.device)
+        total, done = 0.0, 0
+        for i, (xb, yb) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
+            if i and stop():
+                return None, done
+            loss = self.workload.loss(self.model(xb), yb) * (xb.shape[0] / size)
+            loss.backward()
+            total += loss.item()
+            done += xb.shape[0]
+        return total, done
+
+    def report(self, j: int, grad: Gradient, version: int = 0) -> WorkerReport:
+        loss = grad.loss if grad.loss is not None else float("nan")
+        return WorkerReport(
+            self.w, j, grad.start_s, grad.runtime_s, loss, grad.delay_s, version, grad.loss is None
+        )
+
+    def take_ticket(self, t: int, limit: int, report: WorkerReport) -> bool:
+        """Take iteration t's next ticket; tickets up to ``limit`` (c, or the live count for an
+        online iteration) are admitted and name themselves with the report, ticket c cuts the
+        rest. Returns whether this worker is admitted."""
+        ticket = self.store.add(P.ticket_key(t), 1)
+        if ticket > limit:
+            return False
+        self.store.set(P.arrival_key(t, ticket), report.encode())
+        if ticket == limit and not self.online:
+            self.store.set(P.cut_key(t), repr(time.time()))
+        return True
+
+    online = False  # whether the iteration under way is decided by the engine (set per iteration)
 
 
-class Worker(WorkerProcess):
+class PsWorker(WorkerProcess):
     def __init__(self, spec: WorkerSpec):
         super().__init__(spec)
         self.generation, self.group, self.members = -1, None, [0]
-        size = parameters_to_vector(self.model.parameters()).numel()
+        size = sum(p.numel() for p in self.model.parameters())
         # the model's parameters and gradients live inside the payloads: no copies per iteration
         self.params = torch.zeros(P.PARAM_HEADER + size)
-        self.grad = torch.zeros(P.GRAD_HEADER + size)
-        P.bind_flat(
-            self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad[P.GRAD_HEADER :]
-        )
+        self.grad = torch.zeros(size)
+        P.bind_flat(self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad)
 
     def run(self) -> None:
         t = int(self.store.get("start_iteration").decode())
         self.store.add(P.READY, 1)
-        while t < self.spec.iterations:
-            announced = self.wait_for(P.go_key(t))
+        while t < self.spec.cfg.iterations:
+            announced = wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w)
             if announced == P.STOP:
                 return
             self.join_generation(int(announced))
             t = self.iteration()
-        self.store.add("workers_done", 1)
-
-    def wait_for(self, key: str) -> str:
-        """Block (bounded by the store's timeout) until the server announces; the server's death
-        ends the wait."""
-        value = P.get_key(self.store, key)
-        if value is None:
-            raise TimeoutError(
-                f"worker {self.w}: no word from the server for {self.spec.timeout_s}s"
-            )
-        return value.decode()
 
     def join_generation(self, generation: int) -> None:
         if generation != self.generation:
             self.members = P.decode_members(self.store.get(P.members_key(generation)))
+            check_member(self.spec, self.members)
+            cfg = self.spec.cfg
             self.group = P.build_group(
-                self.store,
-                generation,
-                self.members,
-                self.spec.worker_id,
-                self.spec.bind_host,
-                self.spec.timeout_s,
-            )
+                self.store, generation, self.members, self.spec.worker_id, self.spec.bind_host,
+                cfg.timeout_s,
+            )  # fmt: skip
             self.generation = generation
 
     def iteration(self) -> int:
         """Run the announced iteration; returns the next iteration index."""
         self.group.recv([self.params], 0, P.PARAMS_TAG).wait()
-        start, wall_start = time.perf_counter(), time.time()
         t, cutoff = (int(v) for v in self.params[: P.PARAM_HEADER].tolist())
-        delay = float(self.delays[t % len(self.delays)])
-        cut = delay > 0 and P.wait_key(self.store, P.cut_key(t), delay)
         workers = len(self.members) - 1
-        loss = None if cut else self.gradient(t, cuttable=cutoff == P.ONLINE or cutoff < workers)
-        runtime = time.perf_counter() - start
-        censored = loss is None
-        if loss is not None:
-            self.submit(t, cutoff, runtime, loss)
-        rec = P.Record(t, wall_start - self.t0_epoch, runtime, censored, delay)
-        self.store.append(P.record_key(self.w, t // self.spec.record_batch), rec.encode())
+        self.online = cutoff == P.ONLINE
+        limit = workers if self.online else cutoff
+        grad = self.compute(t, P.cut_key(t), cuttable=limit < workers or self.online)
+        if grad.loss is not None and self.take_ticket(t, limit, self.report(t, grad)):
+            self.group.send([self.grad], 0, P.GRAD_TAG).wait()
         return t + 1
 
-    def gradient(self, t: int, cuttable: bool) -> float | None:
-        """Forward/backward micro-batch by micro-batch into the gradient payload; returns the
-        loss, or None if the iteration is cut meanwhile (checked only when ``cuttable``)."""
-        self.model.zero_grad(set_to_none=False)
-        x, y = self.workload.batch(self.gen, self.spec.batch_size)
-        chunks = list(
-            zip(x.chunk(self.spec.micro_batches), y.chunk(self.spec.micro_batches), strict=True)
-        )
-        total = 0.0
-        for i, (xb, yb) in enumerate(chunks):
-            if i and cuttable and self.store.check([P.cut_key(t)]):
-                return None
-            loss = self.workload.loss(self.model(xb), yb) * (xb.shape[0] / x.shape[0])
-            loss.backward()
-            total += loss.item()
-        return total
 
-    def submit(self, t: int, cutoff: int, runtime: float, loss: float) -> None:
-        """Take a ticket; tickets 1..cutoff send their gradient, ticket ``cutoff`` cuts the rest.
-        With ``cutoff`` ONLINE the server closes the iteration when it has enough (it adds
-        CLOSED to the counter, so later tickets exceed every worker count)."""
-        ticket = self.store.add(P.ticket_key(t), 1)
-        limit = cutoff if cutoff != P.ONLINE else len(self.members) - 1
-        if ticket > limit:
-            return
-        self.store.set(P.arrival_key(t, ticket), P.encode_arrival(self.spec.worker_id, runtime))
-        if ticket == cutoff:
-            self.store.set(P.cut_key(t), "1")
-        self.grad[: P.GRAD_HEADER] = torch.tensor([runtime, loss, float(self.w)])
-        self.group.send([self.grad], 0, P.GRAD_TAG).wait()
+class Excluded(Exception):
+    """This worker was declared dead (it hung or was too slow to answer) and the run goes on
+    without it: it ends quietly."""
 
 
-def worker_main(spec: WorkerSpec) -> None:
-    """Entry point of a spawned worker process. Ctrl-C is the server's to handle; a worker ends
-    when told to stop, when its work is done, or when the server goes away."""
+def wait_announcement(store: dist.Store, t: int, timeout_s: float, w: int) -> str:
+    """Block until the engine announces iteration t. The wait outlasts the engine's own
+    (twice ``timeout_s``): the engine gives up on a worker, and regroups the others, before a
+    healthy worker gives up on the engine; the engine's death ends the wait."""
+    if not P.wait_key(store, P.go_key(t), 2 * timeout_s):
+        raise TimeoutError(f"worker {w}: no word from the engine for {2 * timeout_s:g}s")
+    return store.get(P.go_key(t)).decode()
+
+
+def check_member(spec: WorkerSpec, members: list[int]) -> None:
+    if spec.worker_id not in members:
+        raise Excluded(f"worker {spec.worker_id - 1}: excluded from the run")
+
+
+def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
+    """Entry point of a spawned worker process of any kind. Ctrl-C is the engine's to handle; a
+    worker ends when told to stop, when its work is done, or when the engine goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
     try:
-        Worker(spec).run()
+        body(spec)
+    except Excluded:
+        return
     except (TimeoutError, RuntimeError, dist.DistError):
         raise SystemExit(1) from None
+
+
+def ps_worker_main(spec: WorkerSpec) -> None:
+    worker_entry(lambda s: PsWorker(s).run(), spec)
 
 
 def default_bind_host() -> str:

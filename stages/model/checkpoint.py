@@ -3,8 +3,11 @@
 Contents (plain dict): ``format``, ``version``, ``model_config`` (dict), ``state_dict``,
 ``norm`` ({"loc", "scale"}), ``worker_ids`` / ``host_names`` (embedding row i + 1 holds entry i;
 row 0 is "unknown"), ``worker_hosts`` (the host each id last ran on), ``default_hosts`` (the
-latest run's worker set, by position = worker id), ``fit_config`` and ``summary`` (steps,
-val_nll, baseline_nll, traces, workers). Writes are atomic: a temporary name, then os.replace.
+latest run's worker set, by position = worker id), ``fit_config``, ``summary`` (steps,
+val_nll, baseline_nll, calibration, traces, workers) and ``common`` ([shift, sd, widen,
+tighten]: the shared log-slowdown the recalibration adds, its factor on each worker's spread and
+its factor on the draws' spread of locations; absent in older files: none; older three-number
+ones: tighten 1). Writes are atomic: a temporary name, then os.replace.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from stages.safe_load import first_line, load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
 VERSION = 4
+NO_RECALIBRATION = (0.0, 0.0, 1.0, 1.0)  # common: shift, sd, widen, tighten
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class Checkpoint:
     default_hosts: tuple[str, ...]
     fit_config: dict
     summary: dict
+    common: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0)
+    """Shift and spread (normalised log units) of a log-slowdown shared by every worker in
+    each joint draw, a factor on every worker's own spread and a factor (at most 1) on how far
+    the draws' locations spread about their mean, set by ``stages.model.recalibrate`` after
+    training ((0, 0, 1, 1): none)."""
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
@@ -77,6 +86,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         "default_hosts": list(ckpt.default_hosts),
         "fit_config": ckpt.fit_config,
         "summary": ckpt.summary,
+        "common": [float(v) for v in ckpt.common],
     }
     save_atomic(payload, path)
     return path
@@ -106,8 +116,16 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             {int(k): str(v) for k, v in payload["worker_hosts"].items()},
         )
         default_hosts = tuple(str(h) for h in payload["default_hosts"])
+        saved = [float(v) for v in payload.get("common", ())]
+        shift, sd, widen, tighten = (*saved, *NO_RECALIBRATION[len(saved) :])[:4]
         return Checkpoint(
-            model, norm, vocab, default_hosts, payload["fit_config"], payload["summary"]
+            model,
+            norm,
+            vocab,
+            default_hosts,
+            payload["fit_config"],
+            payload["summary"],
+            (shift, sd, widen, tighten),
         )
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
         raise CheckpointError(f"{path}: malformed checkpoint ({first_line(exc)})") from None

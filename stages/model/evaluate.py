@@ -10,6 +10,11 @@ by the number of scored entries, pooled over runs.
 - ``window``: :class:`WindowLogNormal`, one log-normal pooled over the last window.
 - ``ewma``: :class:`EwmaLogNormal`, a log-normal per worker.
 Both baselines are the estimators the policies of the same name use, with their defaults.
+
+Calibration (:class:`PitCollector`): on the same held-out iterations, the share of exact
+run-times, and of the order statistic x_(c) at the c a cutoff policy would pick, inside their
+central 90% predictive interval, with the histogram of their PIT values. A well-fitted NLL can
+hide a tail that is too light or too heavy exactly where the policy cuts; coverage cannot.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stages.estimators import EwmaLogNormal, WindowLogNormal, lognormal_logpdf_or_logsf
 from stages.model.checkpoint import Checkpoint
+from stages.model.online import order_statistic_at_cut
 from stages.model.predictor import predictor_from
-from stages.policies.estimators import EwmaLogNormal, WindowLogNormal, lognormal_logpdf_or_logsf
 from stages.store import RunMatrix
 
 
@@ -32,6 +38,8 @@ class NllReport:
     window: float
     ewma: float
     entries: int
+    calibration: dict | None = None
+    """The model's :meth:`PitCollector.summary` on the same held-out iterations."""
 
 
 def split(iterations: int, holdout: float) -> int:
@@ -69,26 +77,109 @@ def _at(mu, sigma, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mu, sigma
 
 
-def model_log_lik(ckpt: Checkpoint, run: RunMatrix, start: int, samples: int, seed: int) -> float:
-    """Summed held-out joint one-step-ahead log-likelihood of the model on one run."""
+def model_log_lik(
+    ckpt: Checkpoint,
+    run: RunMatrix,
+    start: int,
+    samples: int,
+    seed: int,
+    pits: PitCollector | None = None,
+    pits_from: int = 0,
+) -> float:
+    """Summed held-out joint one-step-ahead log-likelihood of the model on one run; with
+    ``pits``, also the PIT values of each held-out iteration from ``pits_from`` on
+    (:class:`PitCollector`)."""
     predictor = predictor_from(ckpt, list(range(run.shape[1])), list(run.hosts), seed=seed)
     total = 0.0
     for t in range(run.shape[0]):
         x, cens, present = _observed(run, t)
         if t >= start and present.any():
             total += predictor.log_predictive(x, cens, samples)[0]
+            if pits is not None:  # drawn at every held-out iteration, as a policy draws
+                draws = predictor.sample(samples).numpy()
+                if t >= pits_from:
+                    pits.add(draws, x, cens, present)
         predictor.observe(x, cens)
     return total
 
 
 def evaluate(
-    ckpt: Checkpoint, runs: list[RunMatrix], holdout: float, samples: int = 256, seed: int = 0
+    ckpt: Checkpoint,
+    runs: list[RunMatrix],
+    holdout: float,
+    samples: int = 256,
+    seed: int = 0,
+    calibration_skip: float = 0.0,
 ) -> NllReport:
-    """Held-out NLL of the model and both baselines over ``runs`` (see the module docstring)."""
+    """Held-out NLL of the model and both baselines over ``runs``, and the model's calibration
+    on the held-out iterations after the first ``calibration_skip`` share of them (those the
+    recalibration measured on; see the module docstring)."""
     totals, entries = np.zeros(3), 0
+    pits = PitCollector()
     for run in runs:
         start = split(run.shape[0], holdout)
         entries += int((run.present[start:] & np.isfinite(run.runtimes[start:])).sum())
-        totals += (model_log_lik(ckpt, run, start, samples, seed), *baseline_log_lik(run, start))
+        pits_from = start + int(calibration_skip * (run.shape[0] - start))
+        model = model_log_lik(ckpt, run, start, samples, seed, pits, pits_from)
+        totals += (model, *baseline_log_lik(run, start))
     nll = -totals / max(entries, 1)
-    return NllReport(float(nll[0]), float(nll[1]), float(nll[2]), entries)
+    return NllReport(float(nll[0]), float(nll[1]), float(nll[2]), entries, pits.summary())
+
+
+CENTRAL = 0.9  # the central predictive interval whose coverage is reported
+PIT_BINS = 10
+
+
+class PitCollector:
+    """Probability integral transforms of held-out values under the model's joint predictive
+    (S samples of the iteration, drawn before it):
+
+    - every run-time seen exactly: u = share of its worker's samples below it;
+    - the order statistic x_(c) at the c a cutoff policy would choose from the same samples
+      (the best c / E[x_(c)]), where the iteration shows it exactly (at least c exact values,
+      none of them above a censoring bound): u = share of the samples' c-th smallest below it.
+
+    A calibrated predictive gives uniform u: a central 90% interval holds 90% of the values."""
+
+    def __init__(self) -> None:
+        self.runtime: list[np.ndarray] = []
+        self.order: list[float] = []
+        self.cutoffs: list[int] = []
+
+    def add(self, draws: np.ndarray, x: np.ndarray, cens: np.ndarray, present: np.ndarray):
+        """One held-out iteration: (S, N) predictive draws, (N,) values, censoring, presence."""
+        exact = present & ~cens
+        self.runtime.append((draws[:, exact] < x[exact]).mean(axis=0))
+        cut = order_statistic_at_cut(draws, x, cens, present)
+        if cut is not None:
+            c, predicted, seen = cut
+            self.order.append(float((predicted < seen).mean()))
+            self.cutoffs.append(c)
+
+    def summary(self) -> dict:
+        """Coverage of the central 90% interval, the PIT histogram (10 equal bins, shares) and
+        the largest gap between the PITs' distribution and the uniform, for run-times and for
+        x_(c); the number of values behind each."""
+        runtime = np.concatenate(self.runtime) if self.runtime else np.zeros(0)
+        order = np.asarray(self.order)
+        out = {"central": CENTRAL}
+        for name, u in (("runtime", runtime), ("order_stat", order)):
+            out[name] = pit_summary(u)
+        out["order_stat"]["mean_c"] = float(np.mean(self.cutoffs)) if self.cutoffs else None
+        return out
+
+
+def pit_summary(u: np.ndarray) -> dict:
+    """coverage, histogram, ks and count of PIT values ``u``."""
+    if u.size == 0:
+        return {"coverage": None, "histogram": None, "ks": None, "count": 0}
+    tail = (1.0 - CENTRAL) / 2
+    hist = np.histogram(u, bins=PIT_BINS, range=(0.0, 1.0))[0] / u.size
+    ordered = np.sort(u)
+    grid = np.arange(1, u.size + 1) / u.size
+    return {
+        "coverage": float(np.mean((u >= tail) & (u <= 1.0 - tail))),
+        "histogram": [round(float(h), 4) for h in hist],
+        "ks": float(np.max(np.abs(ordered - grid))),
+        "count": int(u.size),
+    }

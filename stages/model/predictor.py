@@ -20,6 +20,7 @@ from scipy.special import log_ndtr, ndtri_exp
 from stages.errors import ConfigError
 from stages.model.checkpoint import Checkpoint, load_checkpoint
 from stages.model.data import HistoryFilter, Normaliser, host_groups
+from stages.model.online import OnlineSpread
 from stages.model.runtime_model import HostIndex, RuntimeModel
 
 DEFAULT_PARTICLES = 64
@@ -38,8 +39,14 @@ class RuntimePredictor:
         hosts: list[str],
         particles: int = DEFAULT_PARTICLES,
         seed: int | None = None,
+        common: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0),
+        online: bool = True,
     ):
         self.model = model.eval()
+        # the recalibration (stages.model.recalibrate): a shared log-slowdown (shift, sd) per
+        # draw, a factor on the workers' own spreads and one on the spread of the draws' levels
+        self.common = (*common, 1.0)[:4]
+        self.online = OnlineSpread() if online else None  # x_(c)'s spread, adjusted as it goes
         self.norm = norm
         self.hosts = tuple(hosts)
         self.num_workers = len(hosts)
@@ -85,6 +92,8 @@ class RuntimePredictor:
         """Advance the filter by one iteration: (N,) seconds and (N,) censoring flags; a
         non-finite or non-positive run-time marks a missing entry."""
         y, cens, present = self._normalise(runtimes, censored)
+        if self.online is not None:
+            self.online.update(np.asarray(runtimes, dtype=np.float64), cens.numpy())
         enc = self.model.encoder
         g = enc.pooled(y, cens, present, self.ewma, self.emb_proj)
         _, self.h = enc.gru(g.reshape(1, 1, -1), self.h)
@@ -100,16 +109,32 @@ class RuntimePredictor:
         z = self.z_now[torch.arange(num_samples) % self.z_now.shape[0]]
         loc, scale = self.model.transition(z)
         z_next = loc + scale * torch.randn(loc.shape, generator=self.gen)
-        return self.model.emitter(z_next, self.params, self.base)
+        loc, scale = self.model.emitter(z_next, self.params, self.base)
+        shift, sd, widen, _ = self.common
+        if shift or sd:  # the recalibration's shared slowdown, one per draw
+            loc = loc + (shift + sd * torch.randn((num_samples, 1), generator=self.gen))
+        return loc, scale * widen
 
     @torch.inference_mode()
     def sample(self, num_samples: int) -> torch.Tensor:
         """(S, N) joint samples of the next iteration's run-times, seconds (float32). The result
-        is an inference tensor: read or copy it, do not modify it in place."""
+        is an inference tensor: read or copy it, do not modify it in place.
+
+        Each draw's shared level (the mean over workers of its normalised log run-times) is
+        stretched about the draws' median level by the recalibrated factor times the online one
+        (:mod:`stages.model.online`): every worker of a draw moves by the same amount, so the
+        spread of x_(c) scales with it. :meth:`remaining` conditions the unstretched draws."""
         loc, scale = self._next_y_params(num_samples)
         self._drawn, self._arrivals = (loc, scale), None
         y = self.model.emitter.sample(loc, scale, self.params, self.base, self.host_index, self.gen)
-        return y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
+        factor = self.common[3] * (self.online.factor if self.online is not None else 1.0)
+        if factor != 1.0:
+            level = y.mean(dim=1, keepdim=True)  # a median over N costs ~1 ms at N = 1024
+            y = y + (factor - 1.0) * (level - level.median())
+        x = y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
+        if self.online is not None:
+            self.online.drawn(x.numpy())
+        return x
 
     def worker_constants(self) -> dict[str, np.ndarray]:
         """The per-worker emission constants :class:`Arrivals` uses, as float64 numpy arrays,
@@ -119,7 +144,6 @@ class RuntimePredictor:
             self._constants = {
                 **{k: getattr(p, k).detach().double().numpy() for k in CONSTANTS},
                 "groups": hosts.groups.numpy(),
-                "member": hosts.member.double().numpy(),
             }
         return self._constants
 
@@ -179,16 +203,21 @@ class Arrivals:
     """
 
     PARTICLES = 32
+    """Draws of z weighed, up to N = 256; then 8192 / N, at least 16: the work is P x N."""
 
     def __init__(self, pred: RuntimePredictor, loc: torch.Tensor, scale: torch.Tensor):
         self.num_samples = loc.shape[0]
-        self.loc = loc[: self.PARTICLES].double().numpy()
-        self.scale = scale[: self.PARTICLES].double().numpy()
+        particles = min(self.PARTICLES, max(16, 8192 // max(loc.shape[-1], 1)))
+        self.loc = loc[:particles].double().numpy()
+        self.scale = scale[:particles].double().numpy()
         for name, value in pred.worker_constants().items():  # the same every iteration
             setattr(self, name, value)
         logit = pred.base.jump_logit[pred.host_index.first].double().numpy()
         self.log_calm, self.log_jump = -np.logaddexp(0, logit), -np.logaddexp(0, -logit)
         self.rng = pred.rng
+        self.num_hosts = logit.size
+        self.added: np.ndarray | None = None  # the arrivals already summed into seen_arrived
+        self.seen_arrived = np.zeros(0)
 
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
@@ -200,33 +229,57 @@ class Arrivals:
         logw = np.stack([self.log_1m_pi[w], self.log_pi[w]] * 2, -1)
         return means, sds, logw
 
+    def arrived_terms(self, y: np.ndarray, arrived: np.ndarray) -> np.ndarray:
+        """(P, 2, G) per host: log p(what its arrived workers showed | draw p, jump j). Arrivals
+        only grow within an iteration, so the sums are kept and only new arrivals are added (the
+        revision that ends an iteration costs what its last arrival costs, not all N)."""
+        if self.added is None or (self.added & ~arrived).any():  # first call, or not a superset
+            self.added = np.zeros(arrived.shape, dtype=bool)
+            self.seen_arrived = np.zeros((self.loc.shape[0], 2, self.num_hosts))
+        new = np.flatnonzero(arrived & ~self.added)
+        if new.size:
+            new = new[np.argsort(self.groups[new], kind="stable")]
+            hosts, starts = np.unique(self.groups[new], return_index=True)
+            means, sds, logw = self.components(new)
+            dens = -0.5 * ((y[new, None] - means) / sds) ** 2 - np.log(sds) + logw
+            terms = np.logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, 2)
+            summed = np.add.reduceat(terms, starts, axis=1).transpose(0, 2, 1)
+            self.seen_arrived[:, :, hosts] += summed
+            self.added[new] = True
+        return self.seen_arrived
+
     def sample(self, y, arrived, waiting, y_now) -> np.ndarray:
-        """(S, n_waiting) draws of the waiting workers' y (see the class docstring)."""
-        a, w = np.flatnonzero(arrived), np.flatnonzero(waiting)
-        seen = np.zeros((*self.loc.shape, 2))  # log p(what worker n showed | draw p, jump j)
-        means, sds, logw = self.components(a)
-        dens = -0.5 * ((y[a, None] - means) / sds) ** 2 - np.log(sds) + logw
-        seen[:, a] = np.logaddexp(dens[..., 0::2], dens[..., 1::2])
+        """(S, n_waiting) draws of the waiting workers' y (see the class docstring). The work
+        grows with the waiting workers and their hosts, not with N."""
+        w = np.flatnonzero(waiting)
+        if w.size == 0:
+            return np.zeros((self.num_samples, 0))
+        by_host = np.argsort(self.groups[w], kind="stable")
+        w = w[by_host]  # the waiting workers grouped by host; undone at the end
+        hosts, starts, inverse = np.unique(self.groups[w], return_index=True, return_inverse=True)
         means, sds, logw = self.components(w)
         log_surv = log_ndtr((means - y_now) / sds)
         weighted = log_surv + logw
-        seen[:, w] = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])
-        per_host = seen.transpose(0, 2, 1) @ self.member  # (P, 2, G), a BLAS matmul
+        out = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])  # log P(still out | p, j)
+        per_host = self.arrived_terms(y, arrived).copy()  # (P, 2, G)
+        per_host[:, :, hosts] += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
         calm, jump = per_host[:, 0] + self.log_calm, per_host[:, 1] + self.log_jump
         joint = np.logaddexp(calm, jump).sum(-1)
         weight = np.cumsum(np.exp(joint - joint.max()))
         pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
         pick = np.minimum(pick, weight.size - 1)
-        p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, G)
-        jumped = self.rng.random(p_jump[pick].shape) < p_jump[pick]  # (S, G): one per host
-        comp = 2 * jumped[:, self.groups[w]]  # the host mates of a sample share it
+        p_jump = 1.0 / (1.0 + np.exp(calm[:, hosts] - jump[:, hosts]))  # (P, hosts waited on)
+        jumped = self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host
+        comp = 2 * jumped[:, inverse]  # the host mates of a sample share it
         pick, cols = pick[:, None], np.arange(w.size)
         bulk, tail = weighted[pick, cols, comp], weighted[pick, cols, comp + 1]
         comp += self.rng.random(comp.shape) * (1.0 + np.exp(bulk - tail)) < 1.0
         mean, sd = means[pick, cols, comp], sds[pick, cols, comp]
         # y > y_now drawn by inverting P(y > v) = U P(y > y_now), in logs (no underflow far out)
         log_above = np.log(self.rng.random(comp.shape)) + log_surv[pick, cols, comp]
-        return mean - sd * ndtri_exp(log_above)
+        draws = np.empty_like(mean)
+        draws[:, by_host] = mean - sd * ndtri_exp(log_above)
+        return draws
 
 
 def load_predictor(
@@ -263,4 +316,6 @@ def predictor_from(
         )
     widx = ckpt.vocab.worker_index(list(workers))
     hidx = ckpt.vocab.host_index(list(hosts))
-    return RuntimePredictor(ckpt.model, ckpt.norm, widx, hidx, list(hosts), particles, seed)
+    return RuntimePredictor(
+        ckpt.model, ckpt.norm, widx, hidx, list(hosts), particles, seed, ckpt.common
+    )

@@ -10,6 +10,9 @@ measured fixed cost of an iteration (broadcast, aggregation) so the objective
 A sync policy with ``online = True`` may also revise c while the iteration runs: the driver calls
 :meth:`Policy.revise` at every arrival with what has arrived so far, and the iteration ends at the
 first arrival at which the arrivals reach the revised c.
+
+The driver also pushes, before each :meth:`Policy.choose`, the current gradient noise scale with
+:meth:`Policy.set_noise_scale` (``stages.goodput``); only the ``:goodput`` policies use it.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class Policy(abc.ABC):
     mode: ClassVar[Mode] = "sync"
     overhead_s: float = 0.0
     online: bool = False  # sync only: the driver calls revise() at every arrival
+    adaptive: bool = True  # whether c depends on what was observed (False: full, static:C)
+    noise_scale: float | None = None  # gradient noise scale B in samples (None: unknown)
+    batch_size: int = 1  # the per-worker batch B is measured against
 
     @abc.abstractmethod
     def choose(self, live: np.ndarray) -> int:
@@ -70,6 +76,17 @@ class Policy(abc.ABC):
         ``runtimes``. Returns how many gradients to wait for; a value <= arrived.sum() ends the
         iteration at this arrival. Only called when ``online`` is set."""
         raise NotImplementedError(f"{self.name} does not revise c during an iteration")
+
+    def reveal(self, runtimes: np.ndarray) -> None:  # noqa: B027 (a hook, empty by default)
+        """Simulation only: the coming iteration's true run-times, before :meth:`choose`. Every
+        policy but the oracle ignores them (the engines never call this)."""
+
+    def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
+        """The driver's current estimate of the gradient noise scale (``NoiseScale.value``: None
+        while unknown, inf while noise drowns the signal) and the per-worker batch size, set
+        before :meth:`choose` like ``overhead_s``. A ``:goodput`` policy values c gradients at
+        ``gain(c)`` (``stages.goodput.gain``) instead of c; the others ignore it."""
+        self.noise_scale, self.batch_size = noise_scale, batch_size
 
     def describe(self) -> dict:
         """Extra per-iteration values the driver records (e.g. predicted quantiles)."""

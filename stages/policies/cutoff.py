@@ -25,19 +25,29 @@ it picks the per-iteration rate
 over c or over workers. ``ecdf``, ``ewma`` and ``bdsgd`` differ only in where the samples come
 from; ``elfving`` (the paper's baseline) replaces the Monte Carlo order statistics by Elfving's
 closed form for a Gaussian and keeps the per-iteration rate; ``oracle`` sorts the true run-times.
+
+Goodput (``:goodput``, for ``elfving``, ``ecdf``, ``ewma`` and ``bdsgd``): c gradients are worth
+gain(c) one-worker steps, not c (``stages.goodput``: at most c, close to c while gradient noise
+dominates, close to 1 when gradients agree), at the noise scale the driver pushes with
+``set_noise_scale``. Every c above becomes gain(c), lambda included (the goodput achieved), in
+:meth:`MonteCarloCutoff.choose` and :meth:`MonteCarloCutoff.revise` alike. c = 1 is ruled out
+while two workers live: one gradient measures no noise, and a c stuck at 1 would never see the
+noise scale change.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from scipy.special import log_ndtr, ndtri, ndtri_exp
 
 from stages.errors import ConfigError
+from stages.estimators import EwmaLogNormal, WindowLogNormal
+from stages.goodput import gain
 from stages.policies.base import Policy, Predictor
-from stages.policies.estimators import EwmaLogNormal, WindowLogNormal
 
 QUANTILES = (0.1, 0.5, 0.9)
 
@@ -45,25 +55,48 @@ QUANTILES = (0.1, 0.5, 0.9)
 OBJECTIVES = ("long-run", "iteration")
 STOPPING = ("online", "fixed")
 LOOKBACK = 12  # online: arrivals before the chosen c from which revise() weighs stopping
+MIN_MEASURED = 2  # :goodput: the fewest gradients that still measure the noise scale
 
 
-def best_cutoff(expected: np.ndarray, overhead_s: float, rate: float | None = None) -> int:
+def best_cutoff(
+    expected: np.ndarray,
+    overhead_s: float,
+    rate: float | None = None,
+    worth: np.ndarray | None = None,
+) -> int:
     """c in 1..n maximizing c / (expected[c-1] + overhead_s), or, given the going ``rate``
     (gradients per second), c - rate * (expected[c-1] + overhead_s); ``expected`` are the (n,)
-    expected order statistics E[x_(1)] <= ... <= E[x_(n)]. Ties go to the larger c (more
-    gradients per update)."""
+    expected order statistics E[x_(1)] <= ... <= E[x_(n)]. ``worth`` (n,) replaces c by what c
+    gradients are worth (``:goodput``: gain(c), and ``rate`` is then the goodput). Ties go to
+    the larger c (more gradients per update)."""
     n = expected.shape[0]
     if rate is not None and rate > 0:
-        value = np.arange(1, n + 1) - rate * (expected + overhead_s)
+        value = _worth_of(n, worth) - rate * (expected + overhead_s)
     else:
-        value = iteration_rates(expected, overhead_s)
+        value = iteration_rates(expected, overhead_s, worth)
     return n - int(np.argmax(value[::-1]))
 
 
-def iteration_rates(expected: np.ndarray, overhead_s: float) -> np.ndarray:
-    """(n,) gradients per second of an iteration that waits for c = 1..n: c / (E[x_(c)] + o)."""
-    c = np.arange(1, expected.shape[0] + 1)
-    return c / np.maximum(expected + overhead_s, 1e-12)
+def iteration_rates(
+    expected: np.ndarray, overhead_s: float, worth: np.ndarray | None = None
+) -> np.ndarray:
+    """(n,) gradients per second of an iteration that waits for c = 1..n: c / (E[x_(c)] + o)
+    (``worth[c-1]`` in place of c when given)."""
+    return _worth_of(expected.shape[0], worth) / np.maximum(expected + overhead_s, 1e-12)
+
+
+def _worth_of(n: int, worth: np.ndarray | None) -> np.ndarray:
+    return np.arange(1, n + 1, dtype=float) if worth is None else worth
+
+
+def goodput_worth(policy: Policy, n: int) -> np.ndarray:
+    """(n,) what waiting for c = 1..n gradients is worth to a ``:goodput`` policy: gain(c) at
+    the noise scale the driver last set (c while it is unknown), with c = 1 ruled out (-inf)
+    when n >= ``MIN_MEASURED`` (see the module's docstring)."""
+    worth = np.array(gain(np.arange(1, n + 1), policy.noise_scale, policy.batch_size), ndmin=1)
+    if n >= MIN_MEASURED:
+        worth[: MIN_MEASURED - 1] = -np.inf
+    return worth
 
 
 class RateTracker:
@@ -84,12 +117,21 @@ class RateTracker:
     def rate(self) -> float | None:
         return self.gradients / self.seconds if self.seconds > 0 else None
 
-    def observe(self, runtimes: np.ndarray, censored: np.ndarray, overhead_s: float) -> None:
-        """One iteration as the server saw it: the accepted gradients, and the iteration's length
-        (the last accepted run-time plus the fixed cost)."""
+    def observe(
+        self,
+        runtimes: np.ndarray,
+        censored: np.ndarray,
+        overhead_s: float,
+        worth: Callable[[int], float] | None = None,
+    ) -> None:
+        """One iteration as the server saw it: the accepted gradients (``worth`` of their count,
+        e.g. gain(c) for goodput), and the iteration's length (the last accepted run-time plus
+        the fixed cost)."""
         done = ~np.asarray(censored, dtype=bool)
         if done.any():
-            self.update(int(done.sum()), float(np.max(runtimes[done])) + overhead_s)
+            gradients = int(done.sum())
+            value = gradients if worth is None else worth(gradients)
+            self.update(value, float(np.max(runtimes[done])) + overhead_s)
 
 
 def sorted_samples(samples: np.ndarray) -> np.ndarray:
@@ -102,6 +144,7 @@ class FullSync(Policy):
 
     def __init__(self) -> None:
         self.name = "full"
+        self.adaptive = False
 
     def choose(self, live: np.ndarray) -> int:
         return max(int(live.sum()), 1)
@@ -118,6 +161,7 @@ class StaticCutoff(Policy):
             raise ConfigError(f"static:C needs C >= 1, got {c}")
         self.c = c
         self.name = f"static:{c}"
+        self.adaptive = False
 
     def choose(self, live: np.ndarray) -> int:
         return max(min(self.c, int(live.sum())), 1)
@@ -149,11 +193,13 @@ class OracleCutoff(Policy):
 class ElfvingCutoff(Policy):
     """``elfving``: a Gaussian (mu, sigma) on the run-times of a recent window, pooled over
     workers, and Elfving's approximation E[x_(c)] ~ mu + sigma * PhiInv((c - pi/8)/(n - pi/4 + 1)).
-    Censored values enter the window as their conditional mean (see ``estimators``)."""
+    Censored values enter the window as their conditional mean (see ``estimators``).
+    ``goodput``: maximise gain(c) / E[x_(c)] instead (``elfving:goodput``)."""
 
-    def __init__(self, window: int = 50) -> None:
-        self.name = "elfving"
+    def __init__(self, window: int = 50, goodput: bool = False) -> None:
+        self.name = "elfving:goodput" if goodput else "elfving"
         self.window = WindowLogNormal(window)
+        self.goodput = goodput
 
     def choose(self, live: np.ndarray) -> int:
         n = int(live.sum())
@@ -162,7 +208,8 @@ class ElfvingCutoff(Policy):
             return max(n, 1)
         c = np.arange(1, n + 1)
         z = ndtri((c - np.pi / 8) / (n - np.pi / 4 + 1))
-        return best_cutoff(values.mean() + values.std() * z, self.overhead_s)
+        worth = goodput_worth(self, n) if self.goodput else None
+        return best_cutoff(values.mean() + values.std() * z, self.overhead_s, worth=worth)
 
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         self.window.observe(runtimes, censored)
@@ -172,13 +219,17 @@ class MonteCarloCutoff(Policy):
     """A policy that draws S joint samples of the next run-times and applies :func:`best_cutoff`.
 
     Before any data it waits for everyone. ``objective`` is ``long-run`` (the default) or
-    ``iteration`` (see the module's docstring). Subclasses implement :meth:`samples` and
-    :meth:`learn`. :meth:`describe` gives the 10/50/90% quantiles of the iteration time
+    ``iteration`` (see the module's docstring); ``goodput`` values c gradients at gain(c).
+    Subclasses implement :meth:`samples` and :meth:`learn`. :meth:`describe` gives the 10/50/90% quantiles of the iteration time
     x_(c) + overhead_s predicted before the last iteration, for the c it ended with.
     """
 
     def __init__(
-        self, num_samples: int = 256, objective: str = "long-run", stopping: str = "fixed"
+        self,
+        num_samples: int = 256,
+        objective: str = "long-run",
+        stopping: str = "fixed",
+        goodput: bool = False,
     ) -> None:
         if num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
@@ -192,6 +243,7 @@ class MonteCarloCutoff(Policy):
         self.objective = objective
         self.stopping = stopping
         self.online = stopping == "online"
+        self.goodput = goodput
         self.tracker = RateTracker()
         self.offered = RateTracker(alpha=0.02)
         self._described: int | None = None  # the c describe() reports on
@@ -199,6 +251,7 @@ class MonteCarloCutoff(Policy):
         self._c: int | None = None  # this iteration's c (choose), its live mask and lambda
         self._live: np.ndarray | None = None
         self._rate: float | None = None
+        self._worth: np.ndarray | None = None  # :goodput: gain(c) for c = 1..n live, else None
         self._ordered: np.ndarray | None = None  # (S, n) sorted samples behind the choice
 
     @abc.abstractmethod
@@ -215,8 +268,9 @@ class MonteCarloCutoff(Policy):
             return self._c
         ordered = sorted_samples(draws)
         expected = ordered.mean(axis=0)
+        self._worth = goodput_worth(self, expected.size) if self.goodput else None
         rate = self.going_rate(expected) if self.objective == "long-run" else None
-        c = best_cutoff(expected, self.overhead_s, rate)
+        c = best_cutoff(expected, self.overhead_s, rate, self._worth)
         self._ordered, self._described = ordered, c
         self._c, self._live, self._rate = c, np.asarray(live, dtype=bool).copy(), rate
         return c
@@ -250,10 +304,12 @@ class MonteCarloCutoff(Policy):
         expected = sorted_samples(draws).mean(axis=0)
         later = k + np.arange(1, expected.size + 1)
         o, rate = self.overhead_s, self._rate
+        worth = self._worth  # :goodput: what k, and each later j, gradients are worth
+        got, more = (k, later) if worth is None else (worth[k - 1], worth[later - 1])
         if rate is not None and rate > 0:
-            stop, wait = k - rate * (now_s + o), later - rate * (expected + o)
+            stop, wait = got - rate * (now_s + o), more - rate * (expected + o)
         else:
-            stop, wait = k / max(now_s + o, 1e-12), later / np.maximum(expected + o, 1e-12)
+            stop, wait = got / max(now_s + o, 1e-12), more / np.maximum(expected + o, 1e-12)
         best = int(np.argmax(wait))
         return k if stop >= wait[best] else int(later[best])
 
@@ -272,14 +328,16 @@ class MonteCarloCutoff(Policy):
         c spirals down (seen on drifting clusters, where the achieved rate also remembers
         faster times). Capped, a pessimistic predictive lowers lambda and so waits for more
         workers, which shows it the workers it was wrong about."""
-        self.offered.update(float(iteration_rates(expected, self.overhead_s).max()), 1.0)
+        offered = iteration_rates(expected, self.overhead_s, self._worth)
+        self.offered.update(float(offered.max()), 1.0)
         achieved = self.tracker.rate()
         return None if achieved is None else min(achieved, self.offered.rate())
 
     def spec_name(self, kind: str, default_stopping: str = "fixed") -> str:
-        """``kind`` with the objective and the stopping rule appended unless they are the
-        defaults (names key results)."""
-        options = [self.objective] if self.objective != "long-run" else []
+        """``kind`` with ``goodput``, the objective and the stopping rule appended unless they
+        are the defaults (names key results)."""
+        options = ["goodput"] if self.goodput else []
+        options += [self.objective] if self.objective != "long-run" else []
         options += [self.stopping] if self.stopping != default_stopping else []
         return ":".join([kind, *options])
 
@@ -288,10 +346,28 @@ class MonteCarloCutoff(Policy):
         its c (history recorded under another policy, e.g. a full-sync profile, says nothing about
         the rate this policy achieves, and would hold lambda far too low for a long time)."""
         if self._decided:
-            self.tracker.observe(runtimes, censored, self.overhead_s)
+            self.tracker.observe(runtimes, censored, self.overhead_s, self.worth_of_count())
             self.predicted_for(int(np.count_nonzero(~np.asarray(censored, dtype=bool))))
         self._decided = False
         self.learn(runtimes, censored)
+
+    def observe_shadow(
+        self, runtimes: np.ndarray, censored: np.ndarray, gradients: int, seconds: float
+    ) -> None:
+        """:meth:`observe` for an iteration another policy decided while this one chose in its
+        shadow (``stages.policies.selfcheck``): lambda counts the ``gradients`` (their worth)
+        and ``seconds`` (fixed cost included) this policy would have had; it learns from what
+        was seen."""
+        worth = self.worth_of_count()
+        self.tracker.update(gradients if worth is None else worth(gradients), seconds)
+        self._decided = False
+        self.learn(runtimes, censored)
+
+    def worth_of_count(self) -> Callable[[int], float] | None:
+        """:goodput: k applied gradients count gain(k) towards lambda (None: k)."""
+        if not self.goodput:
+            return None
+        return lambda k: gain(k, self.noise_scale, self.batch_size)
 
     @abc.abstractmethod
     def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
@@ -315,8 +391,9 @@ class EcdfCutoff(MonteCarloCutoff):
         seed: int = 0,
         objective: str = "long-run",
         stopping: str = "fixed",
+        goodput: bool = False,
     ) -> None:
-        super().__init__(num_samples, objective, stopping)
+        super().__init__(num_samples, objective, stopping, goodput)
         self.name = self.spec_name("ecdf")
         self.window = WindowLogNormal(window)
         self.rng = np.random.default_rng(seed)
@@ -353,8 +430,9 @@ class EwmaCutoff(MonteCarloCutoff):
         seed: int = 0,
         objective: str = "long-run",
         stopping: str = "fixed",
+        goodput: bool = False,
     ) -> None:
-        super().__init__(num_samples, objective, stopping)
+        super().__init__(num_samples, objective, stopping, goodput)
         self.name = self.spec_name("ewma")
         self.ewma = EwmaLogNormal(num_workers, alpha=alpha)
         self.rng = np.random.default_rng(seed)
@@ -387,8 +465,9 @@ class BdsgdCutoff(MonteCarloCutoff):
         num_samples: int = 256,
         objective: str = "long-run",
         stopping: str = "online",
+        goodput: bool = False,
     ) -> None:
-        super().__init__(num_samples, objective, stopping)
+        super().__init__(num_samples, objective, stopping, goodput)
         self.name = self.spec_name("bdsgd", default_stopping="online")
         self.predictor = predictor
 

@@ -19,8 +19,8 @@ class Exploring(Policy):
     """``inner`` with c = every live worker in a random ``fraction`` of iterations.
 
     The inner policy still chooses every iteration (its own state moves as usual) and observes
-    everything; only the cutoff is overridden. Name, mode and ``overhead_s`` are the inner
-    policy's.
+    everything; only the cutoff is overridden. Name, mode, ``overhead_s`` and the noise scale are
+    the inner policy's.
     """
 
     def __init__(self, inner: Policy, fraction: float, seed: int = 0) -> None:
@@ -43,6 +43,9 @@ class Exploring(Policy):
     @overhead_s.setter
     def overhead_s(self, value: float) -> None:
         self.inner.overhead_s = value
+
+    def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
+        self.inner.set_noise_scale(noise_scale, batch_size)
 
     def choose(self, live: np.ndarray) -> int:
         c = self.inner.choose(live)

@@ -6,7 +6,10 @@ each of the last three optionally followed by ``:long-run`` (the default objecti
 every arrival, or keep the c chosen before the iteration; ``bdsgd`` is online by default, ``ecdf``
 and ``ewma`` fixed; see ``stages.policies.cutoff``), ``k-batch-sync:K``, ``k-async:K``,
 ``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation
-only).
+only). ``elfving``, ``ecdf``, ``ewma`` and ``bdsgd`` also take ``:goodput``: value c gradients at
+gain(c) from the gradient noise scale (``stages.goodput``), not at c. ``bdsgd`` watches itself
+against ``ewma`` and ``ecdf`` and plays their c while its own predictive has been losing
+(``stages.policies.selfcheck``); ``bdsgd:unchecked`` never does.
 """
 
 from __future__ import annotations
@@ -29,14 +32,15 @@ from stages.policies.cutoff import (
     StaticCutoff,
 )
 from stages.policies.explore import Exploring
+from stages.policies.selfcheck import SelfChecking
 
 SPECS = (
     "full",
     "static:C",
-    "elfving",
-    "ecdf[:OBJECTIVE][:STOPPING]",
-    "ewma[:OBJECTIVE][:STOPPING]",
-    "bdsgd[:OBJECTIVE][:STOPPING]",
+    "elfving[:goodput]",
+    "ecdf[:goodput][:OBJECTIVE][:STOPPING]",
+    "ewma[:goodput][:OBJECTIVE][:STOPPING]",
+    "bdsgd[:goodput][:OBJECTIVE][:STOPPING][:unchecked]",
     "k-batch-sync:K",
     "k-async:K",
     "async",
@@ -44,8 +48,10 @@ SPECS = (
     "oracle",
 )
 ADASYNC_DEFAULT_PERIOD = 100
+UNCHECKED = "unchecked"  # bdsgd without the self-check (stages.policies.selfcheck)
 MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective and a stopping rule
-LEARNING = ("elfving", *MONTE_CARLO)  # the policies that --explore applies to
+LEARNING = ("elfving", *MONTE_CARLO)  # the policies that --explore and :goodput apply to
+GOODPUT = "goodput"
 
 
 def make_policy(
@@ -72,7 +78,12 @@ def make_policy(
     if num_workers < 1:
         raise ConfigError(f"need at least one worker, got {num_workers}")
     kind, colon, arg = spec.strip().partition(":")
-    if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync", *MONTE_CARLO):
+    if GOODPUT in arg.split(":") and kind not in LEARNING:
+        raise ConfigError(
+            f"policy {spec!r}: :goodput applies to the dynamic cutoff policies "
+            f"({', '.join(LEARNING)}), not to {kind!r}"
+        )
+    if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync", *LEARNING):
         raise _unknown(spec)
     policy = _build(kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples)
     if explore > 0 and kind in LEARNING:
@@ -86,11 +97,13 @@ def make_policy(
 def _build(
     kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples
 ) -> Policy:
+    checked = kind == "bdsgd" and UNCHECKED not in arg.split(":")
+    arg = ":".join(w for w in arg.split(":") if w != UNCHECKED) if kind == "bdsgd" else arg
     mc = _monte_carlo_options(arg, spec, kind) if kind in MONTE_CARLO else {}
     simple = {
         "full": FullSync,
         "oracle": OracleCutoff,
-        "elfving": ElfvingCutoff,
+        "elfving": lambda: ElfvingCutoff(goodput=_elfving_goodput(arg, spec)),
         "ecdf": lambda: EcdfCutoff(num_samples=num_samples, seed=seed, **mc),
         "ewma": lambda: EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **mc),
         "async": lambda: KAsync(1, name="async"),
@@ -107,8 +120,33 @@ def _build(
         return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
     if kind == "bdsgd":
         predictor = _load_predictor(checkpoint, num_workers, hosts, seed)
-        return BdsgdCutoff(predictor, num_samples=num_samples, **mc)
+        num_samples = decision_samples(num_samples, num_workers)
+        own = BdsgdCutoff(predictor, num_samples=num_samples, **mc)
+        if not checked:
+            own.name += f":{UNCHECKED}"
+            return own
+        return with_self_check(own, num_workers, seed, num_samples, mc)
     raise _unknown(spec)
+
+
+def decision_samples(num_samples: int, num_workers: int) -> int:
+    """S for bdsgd (and its peers): ``num_samples`` up to N = 64, then fewer, down to 64 at
+    N >= 256 (16384 / N). Each joint sample orders N run-times, so the order statistics a
+    decision needs are steady with fewer samples at large N, and sampling, sorting and the
+    online conditional cost S x N: at N = 1024 they would take several times the 5 ms a
+    decision may (docs/benchmarks.md, decision cost)."""
+    return min(num_samples, max(64, 16384 // num_workers))
+
+
+def with_self_check(own, num_workers: int, seed: int, num_samples: int, mc: dict) -> Policy:
+    """``own`` (bdsgd) watched by its simple peers, ``ewma`` and ``ecdf`` with the same objective
+    and goodput setting and a fixed c (``stages.policies.selfcheck``)."""
+    peer = {**mc, "stopping": "fixed"}
+    peers = [
+        EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **peer),
+        EcdfCutoff(num_samples=num_samples, seed=seed, **peer),
+    ]
+    return SelfChecking(own, peers)
 
 
 def _count(arg: str, spec: str, limit: int | None) -> int:
@@ -123,21 +161,30 @@ def _count(arg: str, spec: str, limit: int | None) -> int:
     return value
 
 
-def _monte_carlo_options(arg: str, spec: str, kind: str) -> dict[str, str]:
-    """The objective and stopping rule after the colons of ``ecdf``/``ewma``/``bdsgd``, in any
-    order (defaults: ``long-run``; ``online`` for bdsgd, ``fixed`` for the others)."""
-    options = {"objective": "long-run", "stopping": "online" if kind == "bdsgd" else "fixed"}
+def _monte_carlo_options(arg: str, spec: str, kind: str) -> dict:
+    """``goodput``, the objective and the stopping rule after the colons of
+    ``ecdf``/``ewma``/``bdsgd``, in any order (defaults: throughput, ``long-run``; ``online`` for
+    bdsgd, ``fixed`` for the others)."""
+    options: dict = {"objective": "long-run", "stopping": "online" if kind == "bdsgd" else "fixed"}
     given: set[str] = set()
     for word in filter(None, arg.split(":")):
         key = "objective" if word in OBJECTIVES else "stopping" if word in STOPPING else None
+        key = GOODPUT if word == GOODPUT else key
         if key is None or key in given:
             raise ConfigError(
-                f"policy {spec!r}: options are an objective ({', '.join(OBJECTIVES)}) and a "
-                f"stopping rule ({', '.join(STOPPING)}), at most one of each"
+                f"policy {spec!r}: options are {GOODPUT}, an objective ({', '.join(OBJECTIVES)}) "
+                f"and a stopping rule ({', '.join(STOPPING)}), at most one of each"
             )
-        options[key] = word
+        options[key] = True if key == GOODPUT else word
         given.add(key)
     return options
+
+
+def _elfving_goodput(arg: str, spec: str) -> bool:
+    """``elfving`` takes one option, ``goodput``."""
+    if arg not in ("", GOODPUT):
+        raise _unknown(spec)
+    return arg == GOODPUT
 
 
 def _adasync_period(num_workers: int, iterations: int | None) -> int:

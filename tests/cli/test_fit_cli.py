@@ -26,6 +26,10 @@ def test_fit_trains_saves_and_prints_the_spec_json(tmp_path):
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     assert payload["steps"] == 5 and isinstance(payload["val_nll"], float)
     assert set(payload["baseline_nll"]) == {"window", "ewma"}
+    calibration = payload["calibration"]
+    assert calibration["central"] == 0.9 and calibration["runtime"]["count"] > 0
+    assert 0.0 <= calibration["runtime"]["coverage"] <= 1.0
+    assert "90% predictive interval" in result.stderr
     assert payload["checkpoint"] == str(ckpt)
     assert "ewma" in result.stderr
     assert torch.load(ckpt, weights_only=True)["summary"]["val_nll"] == payload["val_nll"]
@@ -35,10 +39,21 @@ def test_init_continues_from_a_checkpoint(tmp_path):
     store = tiny_store(tmp_path / "traces")
     first, second = tmp_path / "a.pt", tmp_path / "b.pt"
     assert _invoke("--traces", str(store.path), "--checkpoint", str(first), *FAST).exit_code == 0
+    # a learning rate too small to move anything: what the second fit saves is where it began
+    tiny = [*FAST, "--lr", "1e-12"]
     result = _invoke(
-        "--traces", str(store.path), "--checkpoint", str(second), "--init", str(first), *FAST
+        "--traces", str(store.path), "--checkpoint", str(second), "--init", str(first), *tiny
     )
-    assert result.exit_code == 0, result.stderr and second.is_file()
+    assert result.exit_code == 0, result.stderr
+    fresh = tmp_path / "fresh.pt"
+    assert _invoke("--traces", str(store.path), "--checkpoint", str(fresh), *tiny).exit_code == 0
+    weights = {p: torch.load(p, weights_only=True)["state_dict"] for p in (first, second, fresh)}
+    assert weights[second].keys() == weights[first].keys()
+    for name, value in weights[first].items():  # began at the first fit's weights ...
+        torch.testing.assert_close(weights[second][name], value, rtol=0, atol=1e-6)
+    moved = [n for n, v in weights[first].items() if not torch.allclose(weights[fresh][n], v)]
+    assert moved  # ... which are not where a fit without --init begins
+    assert torch.load(second, weights_only=True)["fit_config"]["init"] == str(first)
 
 
 def test_empty_store_is_a_one_line_error(tmp_path):
@@ -94,3 +109,20 @@ def test_cli_defaults_are_the_stage_config_defaults():
     assert "steps" in shared
     for name, default in shared.items():
         assert default == fields[name], name
+
+
+def test_a_bad_file_in_the_store_is_named_and_skip_bad_files_leaves_it_out(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    bad = store.path / "part-zz-broken.parquet"
+    bad.write_bytes(b"PAR1 and then nothing")
+    args = ["--traces", str(store.path), "--checkpoint", str(tmp_path / "m.pt"), *FAST]
+    refused = _invoke(*args)
+    assert refused.exit_code != 0 and not (tmp_path / "m.pt").exists()
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{bad}: not a readable Parquet file" in lines[0]
+    assert "--skip-bad-files" in lines[0]
+    skipped = _invoke(*args, "--skip-bad-files")
+    assert skipped.exit_code == 0, skipped.stderr
+    assert "skipping a bad trace file" in skipped.stderr and bad.name in skipped.stderr
+    assert (tmp_path / "m.pt").is_file()
+    assert bad.read_bytes() == b"PAR1 and then nothing"  # never modified

@@ -49,6 +49,8 @@ def test_import_prints_a_one_line_summary(tmp_path):
         ("step,rank,secs\n0,0,NaN\n0,1,1.0\n", []),  # NaN run-time
         (FOUR_ROWS, ["--format", "parquet"]),  # not Parquet
         (None, []),  # missing file
+        ("step,rank,secs\n1000000000000,0,1.0\n", []),  # iteration beyond 2^31 - 1
+        ("step,rank,secs,n\n0,0,1.0,2147483647\n", ["--world-size-col", "n"]),  # 2^31 - 1
     ],
 )
 def test_errors_are_one_line_on_stderr_and_write_nothing(tmp_path, text, extra):

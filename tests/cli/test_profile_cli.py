@@ -82,6 +82,11 @@ def test_profile_values(two_profiles):
         ("--workers", "0", "--iterations", "5"),
         ("--workers", "2", "--iterations", "0"),
         ("--workers", "2", "--iterations", "5", "--stragglers", "bogus"),
+        ("--workers", "10000", "--iterations", "5"),  # more than this machine runs
+        ("--workers", "2", "--iterations", "5", "--timeout", "nan"),
+        ("--workers", "2", "--iterations", "5", "--timeout", "inf"),
+        ("--workers", "2", "--iterations", "5", "--time-scale", "nan"),
+        ("--workers", "2", "--iterations", "5", "--stragglers", "synthetic:base_s=inf"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(tmp_path, args):

@@ -143,8 +143,11 @@ def test_bdsgd_end_to_end_with_a_fitted_checkpoint(tmp_path):
         ],
     )
     assert replayed.exit_code == 0, replayed.output
-    bdsgd = json.loads(replayed.stdout.strip().splitlines()[-1])["policies"]["bdsgd"]
-    assert bdsgd["mean_c"] <= 6 and bdsgd["decision_ms"] > 0
+    policies = json.loads(replayed.stdout.strip().splitlines()[-1])["policies"]
+    bdsgd, full = policies["bdsgd"], policies["full"]
+    assert full["mean_c"] == 6 and bdsgd["decision_ms"] > 0
+    assert bdsgd["mean_c"] < 5.5  # it learned to drop the worker that is always 5x slower
+    assert bdsgd["throughput"] > 2 * full["throughput"]  # simulated seconds, not wall-clock
     sampled = CliRunner().invoke(
         cli,
         [
@@ -180,3 +183,57 @@ def test_objective_suffix_and_explore_flag(tmp_path):
     assert set(policies) == {"ewma", "ewma:iteration"}
     bad = CliRunner().invoke(cli, [*args, "--explore", "2"])
     assert bad.exit_code != 0 and "--explore must be in [0, 1)" in one_line_error(bad)
+
+
+def test_noise_scale_adds_goodput_and_ranks_by_it(tmp_path):
+    write_run(tmp_path / "traces", "profile-1", straggling(80, 6))
+    args = ["simulate", "--traces", str(tmp_path / "traces"), "--json"]
+    result = CliRunner().invoke(
+        cli, [*args, "--policies", "ewma,ewma:goodput,async", "--noise-scale", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["best_goodput"] == "ewma:goodput"
+    good, plain = payload["policies"]["ewma:goodput"], payload["policies"]["ewma"]
+    assert good["goodput"] > plain["goodput"] and good["mean_c"] < plain["mean_c"]
+    assert "goodput" not in payload["policies"]["async"]
+    bad = CliRunner().invoke(cli, [*args, "--noise-scale", "soon"])
+    assert bad.exit_code != 0 and "neither a number" in one_line_error(bad)
+    static = CliRunner().invoke(cli, [*args, "--policies", "static:3:goodput"])
+    assert static.exit_code != 0 and "dynamic cutoff policies" in one_line_error(static)
+
+
+def test_skip_bad_files_replays_the_good_runs(tmp_path):
+    traces = tmp_path / "traces"
+    write_run(traces, "profile-1", straggling(20, 4))
+    bad = traces / "part-zz-broken.parquet"
+    bad.write_bytes(b"garbage")
+    args = ["simulate", "--traces", str(traces), "--policies", "full,static:3", "--json"]
+    refused = CliRunner().invoke(cli, args)
+    assert f"{bad}: not a readable Parquet file" in one_line_error(refused)
+    replayed = CliRunner().invoke(cli, [*args, "--skip-bad-files"])
+    assert replayed.exit_code == 0, replayed.stderr
+    assert json.loads(replayed.stdout.strip().splitlines()[-1])["iterations"] == 20
+    assert bad.read_bytes() == b"garbage"
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
+    write_run(tmp_path / "traces", "profile-1", straggling(20, 4))
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "sim"
+    result = CliRunner().invoke(
+        cli, ["simulate", "--traces", str(tmp_path / "traces"), "--out", str(out)]
+    )
+    assert f"cannot write --out {out}: {tmp_path / 'file'} is not a directory" in one_line_error(
+        result
+    )
+    assert "full" not in result.stderr  # no ranking: nothing was replayed
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_overhead_must_be_finite_and_not_negative(tmp_path, value):
+    write_run(tmp_path / "traces", "profile-1", straggling(10, 4))
+    result = CliRunner().invoke(
+        cli, ["simulate", "--traces", str(tmp_path / "traces"), "--overhead-s", value]
+    )
+    assert "--overhead-s must be a finite number >= 0" in one_line_error(result)

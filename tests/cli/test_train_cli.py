@@ -14,10 +14,12 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from stages.store import TraceStore
 from tests.cli.test_profile_cli import BDSGD, bdsgd
 from tests.stages.engine import write_replay_trace
+from tests.stages.engine.test_protocol import listening_addresses
 
 SPEC_KEYS = {
     "policy",
@@ -30,12 +32,12 @@ SPEC_KEYS = {
     "decision_ms_p50",
     "decision_ms_p99",
 }
-SLOW_S, FAST_S = 0.5, 0.005
+SLOW_S, FAST_S = 5.0, 0.005  # a slow worker is always cut: its long delay costs nothing
 
 
 @pytest.fixture(scope="module")
 def slow_worker_train(tmp_path_factory):
-    """static:3 of 4 workers, worker 2 replayed 100x slower than the others."""
+    """static:3 of 4 workers, worker 2 replayed 1000x slower than the others."""
     tmp = tmp_path_factory.mktemp("train")
     replay = write_replay_trace(tmp / "replay", [[FAST_S, FAST_S, SLOW_S, FAST_S]])
     done = bdsgd(
@@ -65,7 +67,6 @@ def test_every_iteration_applies_three_gradients(slow_worker_train):
     its = pq.read_table(tmp / "run" / "iterations.parquet").to_pydict()
     assert its["iteration"] == list(range(20))
     assert its["c"] == [3] * 20
-    assert max(its["iteration_s"]) < SLOW_S / 2
     assert its["lr"] == pytest.approx([0.05 * 3 / 4] * 20)  # linear scaling c / N
 
 
@@ -76,7 +77,7 @@ def test_slow_worker_rows_are_censored_at_the_cut(slow_worker_train):
     assert rows.height == 80
     slow = rows.filter(pl.col("worker") == 2)
     assert slow["censored"].all()
-    assert slow["runtime_s"].max() < SLOW_S / 2
+    assert (slow["runtime_s"] < slow["injected_delay_s"]).all()  # cut before its delay ended
     assert not rows.filter(pl.col("worker") != 2)["censored"].any()
     assert rows["cutoff"].to_list() == [3] * 80
     assert rows["source"].unique().to_list() == ["train"]
@@ -87,17 +88,86 @@ def test_slow_worker_rows_are_censored_at_the_cut(slow_worker_train):
     [
         (("--policy", "k-batch-sync:1"), "k-batch-sync"),
         (("--policy", "oracle"), "oracle"),
+        (("--policy", "nonsense"), "nonsense"),
         (("--policy", "static:2", "--no-out"), "--out"),
+        (("--policy", "static:2", "--workers", "10000"), "--allow-oversubscribe"),
+        (("--policy", "static:2", "--timeout", "nan"), "--timeout"),
+        (("--policy", "static:2", "--timeout", "inf"), "--timeout"),
+        (("--policy", "static:2", "--time-scale", "nan"), "--time-scale"),
+        (("--policy", "static:2", "--stragglers", "synthetic:base_s=inf"), "base_s"),
     ],
 )
-def test_bad_train_input_is_one_line(tmp_path, args, needle):
+def test_bad_train_input_is_one_line_and_leaves_no_run_dir(tmp_path, args, needle):
     base = ["train", "--workers", "2", "--iterations", "3", "--traces", str(tmp_path / "t")]
     out = [] if "--no-out" in args else ["--out", str(tmp_path / "run")]
     done = bdsgd(*base, *out, *(a for a in args if a != "--no-out"), timeout=60)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], done.stderr
-    assert not (tmp_path / "run" / "server_state.pt").exists()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_the_engine_rejects_at_start_leaves_no_run_dir(tmp_path):
+    """--host names an address this machine lacks: the run dir was made, then is taken back."""
+    args = ["--workers", "2", "--iterations", "3", "--policy", "full", "--host", "203.0.113.254"]
+    done = bdsgd("train", *args, "--traces", str(tmp_path / "t"), "--out", str(tmp_path / "run"))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # after the progress bar's line
+    assert last.startswith("error: cannot reach the control store at 203.0.113.254"), last
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_out_of_other_files_is_refused_untouched(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("the user's")
+    args = ["--workers", "2", "--iterations", "3", "--policy", "full"]
+    done = bdsgd("train", *args, "--traces", str(tmp_path / "t"), "--out", str(tmp_path / "mine"))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"error: --out {tmp_path / 'mine'} is not empty and not a bdsgd run: pass another "
+        "--out, or --force to write into it (config.json, summary.json, iterations.parquet are "
+        "replaced)"
+    ]
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["config.json"]
+    assert (tmp_path / "mine" / "config.json").read_text() == "the user's"
+
+
+def test_an_unwritable_out_is_one_line_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("x")
+    args = ["--workers", "2", "--iterations", "3", "--policy", "full"]
+    out = str(tmp_path / "file" / "run")  # under a file: unwritable even for root
+    done = bdsgd("train", *args, "--traces", str(tmp_path / "t"), "--out", out, timeout=60)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot write the run directory")
+    assert not TraceStore(tmp_path / "t").files()
+
+
+def test_resume_does_not_run_the_workload_a_run_dir_names(tmp_path):
+    """A tampered config.json naming module:function: resume refuses before importing it."""
+    (tmp_path / "evil.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').write('imported')\ndef make(seed=0): pass\n"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    config = dict(workers=2, iterations=3, policy="full", traces=str(tmp_path / "t"))
+    (run / "config.json").write_text(
+        json.dumps({**config, "out": str(run), "workload": "evil:make"})
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [BDSGD, "train", "--resume", str(run)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'evil:make', which is code: pass --workload" in lines[0]
+    assert not (tmp_path / "ran").exists()
+    done = subprocess.run(
+        [BDSGD, "train", "--resume", str(run), "--workload", "other:make"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "not --workload 'other:make'" in done.stderr
+    assert not (tmp_path / "ran").exists()
 
 
 def test_resume_of_a_dir_without_state_is_one_line(tmp_path):
@@ -147,8 +217,11 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def start_train(tmp: Path, iterations: int, policy: str = "static:2") -> subprocess.Popen:
-    replay = write_replay_trace(tmp / "replay", [[0.02, 0.01, 0.015]])
+def start_train(
+    tmp: Path, iterations: int, policy: str = "static:2", stragglers: str | None = None
+) -> subprocess.Popen:
+    if stragglers is None:
+        stragglers = f"replay:{write_replay_trace(tmp / 'replay', [[0.02, 0.01, 0.015]])}"
     return subprocess.Popen(
         [
             BDSGD,
@@ -164,7 +237,7 @@ def start_train(tmp: Path, iterations: int, policy: str = "static:2") -> subproc
             "--out",
             str(tmp / "run"),
             "--stragglers",
-            f"replay:{replay}",
+            stragglers,
             "--batch-size",
             "8",
             "--micro-batches",
@@ -185,10 +258,12 @@ def kill_session(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-def interrupt_train(tmp: Path, policy: str) -> tuple[subprocess.Popen, str, list[int]]:
-    """Start a 400-iteration train, Ctrl-C its process group once a checkpoint is written;
-    returns the process, its stderr and the worker pids it had."""
-    proc = start_train(tmp, iterations=400, policy=policy)
+def interrupt_train(
+    tmp: Path, policy: str, iterations: int = 400, stragglers: str | None = None
+) -> tuple[subprocess.Popen, str, list[int]]:
+    """Start a train, Ctrl-C its process group once a checkpoint is written; returns the
+    process, its stderr and the worker pids it had."""
+    proc = start_train(tmp, iterations=iterations, policy=policy, stragglers=stragglers)
     try:
         wait_until(lambda: (tmp / "run" / "server_state.pt").exists(), 60, "a checkpoint")
         workers = [p for p in children_of(proc.pid) if running(p)]
@@ -197,6 +272,61 @@ def interrupt_train(tmp: Path, policy: str) -> tuple[subprocess.Popen, str, list
     finally:
         kill_session(proc)
     return proc, stderr, workers
+
+
+def session_of(pid: int) -> list[int]:
+    """Every process of the session ``pid`` leads (the train and the workers it spawned)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_default_train_listens_on_loopback_alone(tmp_path):
+    """The control store and every gloo socket of the server and its workers, while they run."""
+    proc = start_train(tmp_path, iterations=400)
+    try:
+        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        pids = session_of(proc.pid)
+        listening = listening_addresses(pids)
+    finally:
+        kill_session(proc)
+    assert len(pids) >= 4  # the server and its three workers
+    assert len(listening) >= 2, listening  # the store and at least the server's gloo socket
+    assert {address for address, _ in listening} == {"127.0.0.1"}, listening
+
+
+@pytest.mark.parametrize(
+    ("flags", "stopped"),
+    [
+        (("--target-loss", "100", "--stop-at-target"), "target"),
+        (("--max-wall-s", "1e-6"), "wall budget"),
+    ],
+)
+def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped):
+    """A target every loss is below, or a budget the first iteration spends: the run ends after
+    that iteration, its rows and run directory complete, and summary.json says why."""
+    done = bdsgd(
+        "train", "--workers", "2", "--iterations", "1000", "--policy", "full",
+        "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
+        "--batch-size", "8", *flags, "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["iterations"] == 1
+    if stopped == "target":
+        assert summary["time_to_loss"] == summary["wall_s"]
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["stopped"] == stopped and not written["interrupted"]
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert its["iteration"] == [0]
+    rows = TraceStore(tmp_path / "traces").read()
+    assert sorted(zip(rows["iteration"], rows["worker"], strict=True)) == [(0, 0), (0, 1)]
 
 
 def test_resume_after_the_server_is_killed(tmp_path):
@@ -222,6 +352,29 @@ def test_resume_after_the_server_is_killed(tmp_path):
     assert its["iteration"] == list(range(80))
 
 
+def test_resume_of_a_learning_policy_continues_warm(tmp_path):
+    """ewma, worker 2 always 50x slower. A cold ewma waits for everyone (it knows nothing yet);
+    the resumed one is fed the run's rows first, so it cuts worker 2 from its first iteration."""
+    replay = write_replay_trace(tmp_path / "replay", [[0.01, 0.01, 0.5]])
+    proc = start_train(tmp_path, iterations=60, policy="ewma", stragglers=f"replay:{replay}")
+    try:
+        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill_session(proc)
+    state = torch.load(tmp_path / "run" / "server_state.pt", weights_only=True)
+    written = TraceStore(tmp_path / "traces").read()["iteration"].max() + 1
+    resumed_at = max(state["next_iteration"], written)
+    done = bdsgd("train", "--resume", str(tmp_path / "run"), "--json")
+    assert done.returncode == 0, done.stderr
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert its["iteration"] == list(range(60)) and 25 <= resumed_at < 60
+    assert its["c"][0] == 3  # the cold start waited for every worker
+    assert its["c"][resumed_at] == 2  # the resumed policy remembered worker 2
+    assert its["policy"][resumed_at] == "ewma"
+
+
 def test_ctrl_c_keeps_what_was_written(tmp_path):
     proc, stderr, workers = interrupt_train(tmp_path, "static:2")
     assert proc.returncode == 130, stderr
@@ -233,6 +386,19 @@ def test_ctrl_c_keeps_what_was_written(tmp_path):
     assert its["iteration"] == list(range(summary["iterations"]))
     rows = TraceStore(tmp_path / "traces").read()
     assert rows["iteration"].max() == summary["iterations"] - 1
+    wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
+
+
+def test_a_huge_iteration_count_runs_until_ctrl_c(tmp_path):
+    """--iterations 1e13 of a synthetic cluster: the workers draw their delays as they go (up
+    front it was 5 x T x N floats each), so they run, and Ctrl-C ends the run cleanly."""
+    proc, stderr, workers = interrupt_train(
+        tmp_path, "static:2", iterations=10**13, stragglers="synthetic:base_s=0.002"
+    )
+    assert proc.returncode == 130, stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] and summary["iterations"] >= 25
+    assert summary["dead_workers"] == {}  # no worker crashed
     wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from schemas import COLUMNS, SCHEMA, VERSION_KEY, to_table, validate_schema, validate_table
+from schemas import COLUMNS, VERSION_KEY, to_table, validate_schema, validate_table
+from schemas.trace_v1 import MAX_ITERATION, MAX_WORLD_SIZE
 from stages.errors import TraceError
+from stages.store import TraceStore
 
 
 def _table(trace_rows, **changes) -> pa.Table:
@@ -27,10 +30,35 @@ def test_valid_table_passes_and_carries_version(trace_rows):
     assert [f.name for f in table.schema][:11] == [f.name for f in COLUMNS]
 
 
-def test_only_the_eleven_columns_are_accepted(trace_rows):
-    table = pa.Table.from_pydict(trace_rows(), schema=SCHEMA)
-    assert table.num_columns == 11
+# the SPEC's table, written out here rather than taken from SCHEMA, as another tool would
+SPEC_COLUMNS = [
+    ("run_id", pa.string()),
+    ("iteration", pa.int64()),
+    ("worker", pa.int32()),
+    ("host", pa.string()),
+    ("world_size", pa.int32()),
+    ("start_s", pa.float64()),
+    ("runtime_s", pa.float64()),
+    ("censored", pa.bool_()),
+    ("cutoff", pa.int32()),
+    ("policy", pa.string()),
+    ("source", pa.string()),
+]
+
+
+def test_a_file_of_only_the_eleven_columns_is_read(tmp_path, trace_rows):
+    """Readers must accept traces another tool wrote with the SPEC's eleven columns and nothing
+    else (no version metadata, none of our extra columns)."""
+    assert [(f.name, f.type) for f in COLUMNS] == SPEC_COLUMNS
+    table = pa.Table.from_pydict(trace_rows(), schema=pa.schema(SPEC_COLUMNS))
     validate_table(table)
+    store = TraceStore(tmp_path / "store")
+    store.path.mkdir()
+    pq.write_table(table, store.path / "part-other-tool.parquet")
+    rows = store.read()
+    assert rows.columns == [name for name, _ in SPEC_COLUMNS]
+    assert rows.height == table.num_rows
+    assert rows["runtime_s"].to_list() == trace_rows()["runtime_s"]
 
 
 def test_extra_columns_are_accepted_and_kept(trace_rows):
@@ -132,3 +160,26 @@ def test_empty_table(trace_rows):
     rows = {k: [] for k in trace_rows()}
     with pytest.raises(TraceError, match="no rows"):
         validate_table(to_table(rows))
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "needle"),
+    [
+        ("iteration", MAX_ITERATION + 1, f"iteration {MAX_ITERATION + 1} is above"),
+        ("iteration", 10**12, "iteration 1000000000000 is above"),
+        ("world_size", MAX_WORLD_SIZE + 1, f"world_size {MAX_WORLD_SIZE + 1} is above"),
+        ("world_size", 2**31 - 1, "world_size 2147483647 is above"),
+    ],
+)
+def test_values_beyond_the_ranges_are_refused(trace_rows, column, value, needle):
+    rows = trace_rows()
+    rows[column] = [value] * len(rows[column])
+    with pytest.raises(TraceError, match=needle):
+        validate_table(to_table(rows))
+
+
+def test_the_largest_values_in_range_are_accepted(trace_rows):
+    rows = trace_rows(iterations=1, workers=2)
+    rows["iteration"] = [MAX_ITERATION] * 2
+    rows["world_size"] = [MAX_WORLD_SIZE] * 2
+    validate_table(to_table(rows))

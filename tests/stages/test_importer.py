@@ -151,15 +151,15 @@ def test_importing_a_run_id_twice_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fields",
+    ("fields", "needle"),
     [
-        {"format": "xlsx"},
-        {"worker_col": ""},
-        {"worker_col": "x", "runtime_col": "x"},
-        {"run_id": "r", "run_col": "run"},
-        {"run_id": " "},
+        ({"format": "xlsx"}, "format must be one of auto, csv, parquet, got 'xlsx'"),
+        ({"worker_col": ""}, "--worker-col and --runtime-col must not be empty"),
+        ({"worker_col": "x", "runtime_col": "x"}, "one input column mapped to two"),
+        ({"run_id": "r", "run_col": "run"}, "cannot be combined with --run-col"),
+        ({"run_id": " "}, "--run-id must be non-empty"),
     ],
 )
-def test_bad_configs(tmp_path, fields):
-    with pytest.raises(ConfigError):
+def test_bad_configs(tmp_path, fields, needle):
+    with pytest.raises(ConfigError, match=needle):
         ImportConfig(path=tmp_path / "x.csv", traces=tmp_path / "t", **fields)

@@ -44,9 +44,14 @@ def test_replay_injects_the_recorded_run_times_scaled(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "bad",
-    [dict(workers=0), dict(iterations=0), dict(batch_size=2, micro_batches=4)],
+    ("bad", "needle"),
+    [
+        (dict(workers=0), "--workers must be >= 1, got 0"),
+        (dict(iterations=0), "--iterations must be >= 1, got 0"),
+        (dict(batch_size=2, micro_batches=4), "at least the number of micro-batches"),
+        (dict(timeout_s=float("nan")), "--timeout must be a finite number of seconds"),
+    ],
 )
-def test_profile_config_rejects_bad_values(tmp_path, bad):
-    with pytest.raises(ConfigError):
+def test_profile_config_rejects_bad_values(tmp_path, bad, needle):
+    with pytest.raises(ConfigError, match=needle):
         ProfileConfig(**{"workers": 2, "iterations": 2, "traces": tmp_path, **bad})

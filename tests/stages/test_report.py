@@ -191,3 +191,26 @@ def test_rolling_throughput_window():
     s = np.array([1.0, 1.0, 1.0, 1.0])
     np.testing.assert_allclose(rolling_throughput(c, s, 2), [4.0, 4.0, 3.0, 2.0])
     np.testing.assert_allclose(rolling_throughput(c, s, 10), [4.0, 4.0, 10 / 3, 3.0])
+
+
+def test_noise_scale_plot_and_goodput_when_the_run_logged_them(tmp_path):
+    cols = _iterations("bdsgd:goodput", True, False)
+    cols["noise_scale"] = [None, float("inf")] + [10.0 * (t + 1) for t in range(T - 2)]
+    cols["gain"] = [1.0] * T  # one one-worker step per iteration
+    write_run_dir(tmp_path / "run", {"kind": "train"}, iterations_table(cols))
+    result = run_report(ReportConfig(run_dirs=(tmp_path / "run",), out=tmp_path / "r"))
+    assert tmp_path / "r" / "noise_scale.png" in result.plots
+    _assert_png(tmp_path / "r" / "noise_scale.png")
+    goodput = T / sum(cols["iteration_s"])
+    assert "| goodput |" in result.index.read_text()
+    assert f"{goodput:.4g}" in result.index.read_text()
+
+
+def test_runs_written_before_the_noise_columns_still_report(simulate_dir, tmp_path):
+    import pyarrow.parquet as pq
+
+    path = simulate_dir / "iterations.parquet"
+    pq.write_table(pq.read_table(path).drop(["noise_scale", "gain"]), path)
+    result = run_report(ReportConfig(run_dirs=(simulate_dir,), out=tmp_path / "r"))
+    assert "noise_scale.png" not in {p.name for p in result.plots}
+    assert "| goodput |" not in result.index.read_text()

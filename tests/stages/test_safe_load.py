@@ -44,3 +44,25 @@ def test_failed_write_leaves_nothing(tmp_path):
     with pytest.raises(CheckpointError, match="cannot write"):
         save_atomic({"x": 1}, blocker / "state.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_a_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """The disk fills up while the new state is written: the old one still loads, unchanged,
+    and no temporary file is left."""
+    path = tmp_path / "server_state.pt"
+    save_atomic({"next_iteration": 25, "x": torch.arange(3.0)}, path)
+    real_save = torch.save
+
+    def full_disk(payload, target):
+        real_save(payload, target)
+        with open(target, "r+b") as fh:  # a partial write, then the error
+            fh.truncate(20)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointError, match="cannot write .*No space left on device"):
+        save_atomic({"next_iteration": 50, "x": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    old = load_plain(path, "server checkpoint")
+    assert old["next_iteration"] == 25 and old["x"].tolist() == [0.0, 1.0, 2.0]
+    assert [p.name for p in tmp_path.iterdir()] == ["server_state.pt"]

@@ -230,13 +230,13 @@ def test_bdsgd_with_a_good_predictive_beats_every_baseline():
 
 
 def test_config_checks():
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="either --traces DIR or --sample T --checkpoint"):
         SimulateConfig()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"--from-frac must be in \[0, 1\), got 1.0"):
         SimulateConfig(traces=Path("t"), from_frac=1.0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="--sample T needs T >= 1 and --checkpoint FILE"):
         SimulateConfig(sample=10)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="--overhead-s must be a finite number >= 0, got -1.0"):
         SimulateConfig(traces=Path("t"), overhead_s=-1.0)
     with pytest.raises(ConfigError, match="--explore"):
         SimulateConfig(traces=Path("t"), explore=1.0)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
+import tracemalloc
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -12,7 +13,13 @@ import pytest
 from schemas import to_table
 from stages import store as store_module
 from stages.errors import TraceError
-from stages.store import TraceStore, TraceWriter, new_run_id, read_trace_path
+from stages.store import (
+    TraceStore,
+    TraceWriter,
+    new_run_id,
+    read_trace_path,
+    to_run_matrix,
+)
 
 
 @pytest.fixture
@@ -160,16 +167,14 @@ def test_trace_writer_reports_a_failed_batch(store):
 
 
 def test_unwritable_directory_is_an_error(tmp_path, trace_rows):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user who may write anywhere (root)")
-        with pytest.raises(TraceError, match="trace store"):
-            TraceStore(locked / "traces").append(trace_rows())
-    finally:
-        locked.chmod(0o700)
+    """A store under a file cannot be created, whoever runs the test (root included)."""
+    (tmp_path / "file").write_text("not a directory")
+    store = TraceStore(tmp_path / "file" / "traces")
+    with pytest.raises(TraceError, match="cannot create trace store .*file/traces"):
+        store.check_writable()
+    with pytest.raises(TraceError, match="cannot create trace store .*file/traces"):
+        store.append(trace_rows())
+    assert (tmp_path / "file").read_text() == "not a directory"
 
 
 def test_new_run_id_is_unique_and_prefixed():
@@ -197,3 +202,82 @@ def test_matrix_rows_round_trips_through_the_store(tmp_path):
     np.testing.assert_array_equal(back.runtimes[present], runtimes[present])
     np.testing.assert_array_equal(back.censored[present], censored[present])
     assert back.hosts == ("a", "a", "b")
+
+
+# -- a bad file among good ones ---------------------------------------------------------------
+def write_unchecked(store: TraceStore, rows: dict, name: str) -> bytes:
+    """A file another tool wrote without our checks; returns its bytes."""
+    store.path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(to_table(rows), store.path / name)
+    return (store.path / name).read_bytes()
+
+
+@pytest.fixture
+def store_with_bad_files(tmp_path, trace_rows):
+    """Two good runs, a file that is not Parquet and a file whose iterations are out of range."""
+    good = TraceStore(tmp_path / "traces")
+    good.append(trace_rows(run_id="a"))
+    good.append(trace_rows(run_id="b"))
+    bad = {"part-zz-garbage.parquet": b"not parquet at all"}
+    (good.path / "part-zz-garbage.parquet").write_bytes(bad["part-zz-garbage.parquet"])
+    rows = trace_rows(run_id="c")
+    rows["iteration"] = [10**12] * len(rows["iteration"])
+    bad["part-zz-huge.parquet"] = write_unchecked(good, rows, "part-zz-huge.parquet")
+    return good.path, bad
+
+
+@pytest.mark.parametrize("skip", [None, False])
+def test_a_bad_file_is_named_and_refused(store_with_bad_files, skip):
+    path, bad = store_with_bad_files
+    with pytest.raises(TraceError, match="part-zz-garbage.parquet: not a readable Parquet") as err:
+        TraceStore(path, skip_bad_files=skip).read()
+    assert ("--skip-bad-files" in str(err.value)) == (skip is False)
+    for name, content in bad.items():
+        assert (path / name).read_bytes() == content  # never modified
+
+
+def test_skip_bad_files_reads_the_good_ones(store_with_bad_files):
+    path, bad = store_with_bad_files
+    store = TraceStore(path, skip_bad_files=True)
+    df = store.read()
+    assert sorted(df["run_id"].unique().to_list()) == ["a", "b"]
+    assert sorted(p.name for p in store.skipped) == sorted(bad)
+    assert [r.run_id for r in store.run_matrices()] == ["a", "b"]
+    assert store.run_matrix("b").shape == (2, 2)
+    for name, content in bad.items():
+        assert (path / name).read_bytes() == content
+
+
+def test_an_out_of_range_file_is_named(tmp_path, trace_rows):
+    store = TraceStore(tmp_path / "traces", skip_bad_files=False)
+    store.append(trace_rows(run_id="a"))
+    rows = trace_rows(run_id="c")
+    rows["world_size"] = [2**31 - 1] * len(rows["world_size"])
+    write_unchecked(store, rows, "part-zz-wide.parquet")
+    with pytest.raises(TraceError, match=r"part-zz-wide.parquet: world_size 2147483647 is above"):
+        store.run_matrices()
+    with pytest.raises(TraceError, match="part-zz-wide.parquet"):
+        store.run_matrix("c")
+
+
+def test_a_run_matrix_is_never_sized_by_a_stray_value(trace_rows):
+    """Iteration 2^31 - 1 is in range, but four rows cannot make a 2^31 x 2 matrix: refused
+    before anything is allocated."""
+    rows = trace_rows(iterations=2, workers=2)
+    rows["iteration"] = [0, 0, 2**31 - 1, 2**31 - 1]
+    df = pl.from_arrow(to_table(rows))
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError, match=r"4 rows spread over iterations up to 2147483647"):
+            to_run_matrix(df)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_a_sparse_but_small_run_is_still_read(trace_rows):
+    rows = trace_rows(iterations=2, workers=2)
+    rows["iteration"] = [0, 0, 5000, 5000]  # a gap: rows lost in a crash, say
+    run = to_run_matrix(pl.from_arrow(to_table(rows)))
+    assert run.shape == (5001, 2) and run.present.sum() == 4

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,8 @@ import pytest
 from stages.errors import ConfigError, TraceError
 from stages.store import TraceStore
 from stages.stragglers import (
+    BLOCK,
+    MATRIX_CELLS,
     NoStragglers,
     ReplayCluster,
     SyntheticCluster,
@@ -36,29 +40,30 @@ def test_synthetic_spec_parameters_are_parsed():
 
 
 @pytest.mark.parametrize(
-    "spec",
+    ("spec", "needle"),
     [
-        "bogus",
-        "none:extra",
-        "synthetic:nope=1",
-        "synthetic:hosts",
-        "synthetic:hosts=two",
-        "synthetic:hosts=1.5",
-        "synthetic:seed=3",
-        "synthetic:p_slow=2",
-        "synthetic:base_s=0",
-        "synthetic:slow_factor=0.5",
-        "replay:",
+        ("bogus", "unknown --stragglers spec 'bogus'"),
+        ("none:extra", "unknown --stragglers spec 'none:extra'"),
+        ("synthetic:nope=1", "bad synthetic straggler parameter 'nope=1'"),
+        ("synthetic:hosts", "bad synthetic straggler parameter 'hosts'"),
+        ("synthetic:hosts=two", "hosts needs a number, got 'two'"),
+        ("synthetic:hosts=1.5", r"hosts needs a number, got '1\.5'"),
+        ("synthetic:seed=3", "bad synthetic straggler parameter 'seed=3'"),
+        ("synthetic:p_slow=2", r"p_slow must be in \[0, 1\]"),
+        ("synthetic:base_s=0", "need base_s > 0"),
+        ("synthetic:slow_factor=0.5", "slow_factor >= 1"),
+        ("replay:", "replay:PATH needs a path"),
     ],
 )
-def test_bad_specs_are_config_errors(spec):
-    with pytest.raises(ConfigError):
+def test_bad_specs_are_config_errors(spec, needle):
+    with pytest.raises(ConfigError, match=needle):
         parse_stragglers(spec)
 
 
-def test_time_scale_must_be_positive():
-    with pytest.raises(ConfigError, match="time-scale"):
-        parse_stragglers("none", time_scale=0)
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.nan, math.inf])
+def test_time_scale_must_be_finite_and_positive(scale):
+    with pytest.raises(ConfigError, match="time-scale must be a finite number > 0"):
+        parse_stragglers("none", time_scale=scale)
 
 
 def test_same_seed_same_delays_other_seed_other_delays():
@@ -141,3 +146,72 @@ def test_every_synthetic_parameter_is_documented_with_its_default():
     for field in dataclasses.fields(SyntheticCluster):
         if field.name != "seed":
             assert f"| `{field.name}` | {field.default} |" in text, field.name
+
+
+# -- one worker's column, computed as it is read --------------------------------------------
+@pytest.mark.parametrize("spec", ["none", "synthetic", "synthetic:hosts=3,p_slow=0.2"])
+def test_a_column_is_the_matrix_column(spec):
+    model = parse_stragglers(spec, seed=2, time_scale=0.5)
+    matrix = model.delays(30, 5)
+    for w in range(5):
+        column = model.column(30, 5, w)
+        assert len(column) == 30
+        assert [column[t] for t in range(30)] == matrix[:, w].tolist()
+
+
+def test_a_replay_column_wraps_like_the_matrix(tmp_path, trace_rows):
+    model = parse_stragglers(f"replay:{_replay_store(tmp_path, trace_rows).path}")
+    matrix = model.delays(7, 3)
+    for w in range(3):
+        column = model.column(7, 3, w)
+        assert len(column) == 7 and [column[t] for t in range(7)] == matrix[:, w].tolist()
+
+
+def test_reading_past_the_end_of_a_column_is_an_index_error():
+    column = parse_stragglers("synthetic").column(10, 2, 0)
+    with pytest.raises(IndexError):
+        column[10]
+
+
+def test_a_column_of_a_huge_run_is_drawn_as_it_is_read():
+    """--iterations 1e13: 5 x T x N floats up front would be 1.6 PB; a worker holds one block."""
+    tracemalloc.start()
+    try:
+        column = parse_stragglers("synthetic", seed=1).column(10**13, 4, 1)
+        values = [column[t] for t in (0, 1, BLOCK, 10**12 + 5, 10**13 - 1)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(column) == 10**13
+    assert all(math.isfinite(v) and v > 0 for v in values)
+    assert peak < 64 * BLOCK * 8  # a few block-sized arrays, nothing sized by T
+    assert column[10**12 + 5] == values[3]  # the same value when read again
+
+
+def test_a_long_synthetic_run_keeps_host_mates_slow_together():
+    cluster = SyntheticCluster(
+        hosts=2,
+        slow_factor=10.0,
+        p_slow=0.2,
+        p_recover=0.2,
+        sigma=0.02,
+        worker_spread=0.0,
+        drift=0.0,
+        spike_p=0.0,
+        seed=5,
+    )
+    iterations = MATRIX_CELLS // 4 + BLOCK  # drawn block by block
+    delays = cluster.delays(iterations, 4)
+    slow = delays > 3 * cluster.base_s
+    assert 0.3 < slow.mean() < 0.7  # p_slow = p_recover: half the time slow
+    np.testing.assert_array_equal(slow[:, 0], slow[:, 2])
+    np.testing.assert_array_equal(slow[:, 1], slow[:, 3])
+    assert (slow[:, 0] != slow[:, 1]).any()
+    column = cluster.column(iterations, 4, 3)
+    assert column.values(BLOCK - 5, BLOCK + 5).tolist() == delays[BLOCK - 5 : BLOCK + 5, 3].tolist()
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_synthetic_parameters_must_be_finite(value):
+    with pytest.raises(ConfigError, match="base_s must be finite"):
+        parse_stragglers(f"synthetic:base_s={value}")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stages.engine.base import StopRun
+from stages.engine.launch import variant
 from stages.errors import CheckpointError, ConfigError
 from stages.store import TraceStore
 from stages.train import (
+    StopRule,
     TrainConfig,
     build_policy,
     check_resumable,
@@ -33,6 +36,40 @@ def test_time_to_loss_skips_missing_losses_and_is_none_when_never_reached():
     assert time_to_loss({}, 1.0) is None
 
 
+def stop_at(rule: StopRule, rows: list[tuple[float | None, float]]) -> int | None:
+    """The index of the (loss, wall_s) row after which ``rule`` ends the run (None: never)."""
+    for i, (loss, wall) in enumerate(rows):
+        try:
+            rule({"loss": loss, "wall_s": wall})
+        except StopRun:
+            return i
+    return None
+
+
+def test_stop_rule_ends_at_the_smoothed_target_as_time_to_loss_counts_it(tmp_path):
+    rows = [(3.0, 1.0), (None, 2.0), (1.0, 3.0), (1.0, 4.0), (1.0, 5.0), (1.0, 6.0)]
+    cfg = config(tmp_path, target_loss=2.5, stop_at_target=True)
+    rule = StopRule(cfg)
+    index = stop_at(rule, rows)
+    log = {"loss": [r[0] for r in rows], "wall_s": [r[1] for r in rows]}
+    assert rows[index][1] == time_to_loss(log, 2.5) and rule.reason == "target"
+    assert stop_at(StopRule(config(tmp_path, target_loss=2.5)), rows) is None  # no flag: no stop
+
+
+def test_stop_rule_ends_once_the_wall_budget_is_spent(tmp_path):
+    rule = StopRule(config(tmp_path, max_wall_s=3.5))
+    assert stop_at(rule, [(3.0, 1.0), (2.0, 2.0), (1.0, 3.0), (1.0, 4.0), (1.0, 5.0)]) == 3
+    assert rule.reason == "wall budget"
+
+
+def test_stop_rule_of_a_resumed_run_continues_its_smoothed_loss(tmp_path):
+    cfg = config(tmp_path, target_loss=1.5, stop_at_target=True)
+    fresh, resumed = StopRule(cfg), StopRule(cfg, {"loss": [3.0, 3.0, 3.0]})
+    assert stop_at(fresh, [(1.0, 1.0)]) == 0  # its first loss is below the target
+    assert stop_at(resumed, [(1.0, 1.0)] * 3) is None  # 3.0 smoothed with 1.0: not yet
+    assert resumed.reason == "iterations"
+
+
 def config(tmp_path, **overrides) -> TrainConfig:
     values = dict(
         workers=4, iterations=10, policy="static:3", traces=tmp_path / "t", out=tmp_path / "o"
@@ -41,25 +78,35 @@ def config(tmp_path, **overrides) -> TrainConfig:
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "needle"),
     [
-        dict(workers=0),
-        dict(lr_scaling="cubic"),
-        dict(min_workers=5),
-        dict(batch_size=2, micro_batches=4),
-        dict(lr=0.0),
-        dict(explore=1.0),
+        (dict(workers=0), "--workers and --iterations must be >= 1"),
+        (dict(lr_scaling="cubic"), "--lr-scaling must be one of .*got 'cubic'"),
+        (dict(min_workers=5), r"--min-workers must be in 1\.\.4"),
+        (dict(batch_size=2, micro_batches=4), "at least the number of micro-batches"),
+        (dict(lr=0.0), "--lr must be a finite number > 0, got 0.0"),
+        (dict(explore=1.0), r"--explore must be in \[0, 1\), got 1.0"),
+        (dict(stop_at_target=True), "--stop-at-target needs --target-loss"),
+        (dict(max_wall_s=0.0), "--max-wall-s must be a finite number > 0, got 0.0"),
     ],
 )
-def test_train_config_rejects_bad_values(tmp_path, bad):
-    with pytest.raises(ConfigError):
+def test_train_config_rejects_bad_values(tmp_path, bad, needle):
+    with pytest.raises(ConfigError, match=needle):
         config(tmp_path, **bad)
 
 
-@pytest.mark.parametrize("policy", ["k-batch-sync:2", "oracle"])
-def test_train_refuses_policies_it_cannot_run(tmp_path, policy):
+def test_train_config_accepts_adascale_and_goodput_policies(tmp_path):
+    cfg = config(tmp_path, lr_scaling="adascale", policy="ewma:goodput")
+    assert build_policy(cfg, ("h",) * 4).name == "ewma:goodput"
+
+
+@pytest.mark.parametrize(
+    ("policy", "needle"),
+    [("k-batch-sync:2", "does not run 'k-batch-sync:2' yet"), ("oracle", "only in simulation")],
+)
+def test_train_refuses_policies_it_cannot_run(tmp_path, policy, needle):
     cfg = config(tmp_path, policy=policy)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=needle):
         build_policy(cfg, ("h",) * 4)
 
 
@@ -85,11 +132,23 @@ def test_adasync_reaches_k_equal_n_in_the_last_stage_of_the_updates(tmp_path, wo
     assert ks.index(workers) > updates // 2  # the stages are spread over the run
 
 
-def test_resume_refuses_a_checkpoint_of_the_other_mode(tmp_path):
-    asynchronous = build_policy(config(tmp_path, policy="async"), ("h",) * 4)
-    with pytest.raises(CheckpointError, match="sync run"):
-        check_resumable({"version": 1}, asynchronous, tmp_path)
-    check_resumable({"version": 1, "mode": "k-async"}, asynchronous, tmp_path)
+def test_resume_refuses_a_checkpoint_of_another_engine(tmp_path):
+    cfg = config(tmp_path, policy="async")
+    asynchronous = build_policy(cfg, ("h",) * 4)
+    engine = cfg.engine_settings("r")
+    with pytest.raises(CheckpointError, match="written by the collective engine"):
+        check_resumable({"engine": "collective"}, engine, asynchronous, tmp_path)
+    check_resumable({"engine": "async"}, engine, asynchronous, tmp_path)
+    static = config(tmp_path, engine="ps")
+    with pytest.raises(CheckpointError, match="not by the ps engine"):
+        check_resumable({"engine": "collective"}, static.engine_settings("r"),
+                        build_policy(static, ("h",) * 4), tmp_path)  # fmt: skip
+
+
+def test_an_asynchronous_policy_on_the_collective_engine_is_refused(tmp_path):
+    cfg = config(tmp_path, policy="async", engine="collective")
+    with pytest.raises(ConfigError, match="runs on --engine ps only"):
+        variant(cfg.engine_settings("r"), build_policy(cfg, ("h",) * 4))
 
 
 def test_config_round_trips_through_the_run_dir(tmp_path):
@@ -103,7 +162,7 @@ def test_config_round_trips_through_the_run_dir(tmp_path):
 def test_resume_without_state_is_refused(tmp_path):
     with pytest.raises(CheckpointError):
         load_state(tmp_path)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"not a train run directory \(no config.json\)"):
         resume_config(tmp_path)
 
 

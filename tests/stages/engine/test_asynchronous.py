@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 import torch
 
+from stages.engine.config import EngineConfig
 from stages.engine.launch import STATE_FILE, run_engine
-from stages.engine.server import EngineConfig
 from stages.policies.asynchronous import KAsync
 from stages.store import TraceStore
 from tests.stages.engine import write_replay_trace
@@ -67,7 +67,8 @@ def test_every_update_applies_exactly_k_gradients(slow_worker_run):
     assert len(policy.observed) == cfg.iterations
     for _, censored in policy.observed:
         assert (~censored).sum() == 2  # the two senders exactly, everyone else censored
-    assert max(result.log["iteration_s"]) < SLOW_S  # no update waited for the slow worker
+    with_slow = sum(not censored[2] for _, censored in policy.observed)
+    assert with_slow < cfg.iterations / 2  # the updates went on without the slow worker
     assert not result.interrupted and not result.dead_workers
 
 
@@ -76,10 +77,10 @@ def test_slow_worker_gradients_are_applied_late(slow_worker_run):
     staleness = np.asarray(result.log["staleness"])
     with_slow = np.array([not censored[2] for _, censored in policy.observed])
     assert with_slow.any()
-    # the slow gradient was read many updates earlier; fast pairs are fresh (a fast worker
-    # that kept computing through the slow worker's update lands one update late)
+    # the slow gradient was read many updates earlier; fast pairs are mostly fresh (a fast
+    # worker that kept computing through the slow worker's update lands one update late)
     assert (staleness[with_slow] >= 2).all()
-    assert (staleness[~with_slow] <= 0.5).all()
+    assert staleness[with_slow].min() > staleness[~with_slow].max()
     assert np.median(staleness[~with_slow]) == 0
 
 
@@ -104,7 +105,7 @@ def test_trace_rows_are_one_per_computation(slow_worker_run):
 def test_async_server_state_loads_with_weights_only(slow_worker_run):
     cfg, _, result, rows, run_dir = slow_worker_run
     state = torch.load(run_dir / STATE_FILE, weights_only=True)
-    assert state["mode"] == "k-async" and state["next_iteration"] == cfg.iterations
+    assert state["engine"] == "async" and state["next_iteration"] == cfg.iterations
     assert state["log"]["staleness"] == result.log["staleness"]
     written = rows.group_by("worker").agg(pl.len()).sort("worker")["len"].to_list()
     assert state["next_j"] == written

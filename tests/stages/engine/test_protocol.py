@@ -1,15 +1,21 @@
-"""Unit tests of the engine protocol: store keys, payload packing, worker records, flat buffers,
-bounded store waits."""
+"""Unit tests of the engine protocol: store keys, payload packing, flat buffers,
+bounded store waits, the control store listening on the requested address alone."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from datetime import timedelta
+from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector
 
 from stages.engine import protocol as P
+from stages.errors import WorkerError
 
 
 def test_keys_are_distinct_per_iteration_and_ticket():
@@ -21,13 +27,10 @@ def test_keys_are_distinct_per_iteration_and_ticket():
         P.arrival_key(3, 2),
         P.arrival_key(4, 1),
         P.cut_key(3),
-        P.record_key(0, 0),
-        P.record_key(1, 0),
-        P.record_key(0, 1),
         P.members_key(0),
         P.members_key(1),
     }
-    assert len(keys) == 12
+    assert len(keys) == 9
 
 
 def test_pack_params_puts_iteration_and_cutoff_in_the_header():
@@ -38,37 +41,8 @@ def test_pack_params_puts_iteration_and_cutoff_in_the_header():
     assert torch.equal(packed[P.PARAM_HEADER :], vector)
 
 
-def test_pack_grad_puts_runtime_loss_worker_in_the_header():
-    grad = torch.tensor([1.0, -2.0])
-    packed = P.pack_grad(grad, 0.25, 1.5, 3)
-    runtime, loss, worker = packed[: P.GRAD_HEADER].tolist()
-    assert (runtime, loss, int(worker)) == (0.25, 1.5, 3)
-    assert torch.equal(packed[P.GRAD_HEADER :], grad)
-
-
-def test_record_round_trips_through_an_appended_blob():
-    records = [
-        P.Record(0, 0.001, 0.0125, False, 0.01),
-        P.Record(1, 0.02, 0.5, True, 0.75),
-    ]
-    blob = "".join(r.encode() for r in records).encode()
-    assert P.Record.decode_all(blob) == records
-
-
-def test_record_decode_of_an_empty_blob_is_empty():
-    assert P.Record.decode_all(b"") == []
-
-
 def test_members_round_trip():
     assert P.decode_members(P.encode_members([0, 1, 3]).encode()) == [0, 1, 3]
-
-
-def test_covers_finds_an_iteration_without_decoding():
-    blob = (
-        P.Record(3, 0.0, 0.1, False, 0.0).encode() + P.Record(13, 0.0, 0.1, True, 0.0).encode()
-    ).encode()
-    assert P.Record.covers(blob, 3) and P.Record.covers(blob, 13)
-    assert not P.Record.covers(blob, 1) and not P.Record.covers(blob, 23)
 
 
 def test_bind_flat_receives_into_the_model_and_accumulates_gradients_in_place():
@@ -104,3 +78,69 @@ def test_store_waits_end_at_their_timeout():
     assert not P.wait_keys(store, ["a", "b"], 0.05)
     assert P.get_key(store, "a") == b"1"
     assert P.get_key(store, "b") is None  # the store's own timeout bounds a get
+
+
+# -- where the control store listens ----------------------------------------------------------
+def socket_inodes(pids: list[int]) -> set[str]:
+    """Inodes of the sockets the processes ``pids`` hold open."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def listening_addresses(pids: list[int]) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state held by ``pids`` (/proc/net/tcp[6])."""
+    inodes, found = socket_inodes(pids), []
+    for table, size in (("tcp", 4), ("tcp6", 16)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            hex_address, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_address)  # little-endian 32-bit words
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, size, 4))
+            found.append((str(ipaddress.ip_address(raw)), int(hex_port, 16)))
+    return found
+
+
+def test_the_store_listens_on_loopback_alone():
+    store = P.open_store("127.0.0.1", 0, is_server=True, timeout_s=5.0)
+    assert (("127.0.0.1", store.port)) in listening_addresses([os.getpid()])
+    ours = [a for a, port in listening_addresses([os.getpid()]) if port == store.port]
+    assert ours == ["127.0.0.1"]  # not 0.0.0.0 nor ::, where torch's own socket would listen
+    client = P.open_store("127.0.0.1", store.port, is_server=False, timeout_s=5.0)
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+
+
+def outward_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # TEST-NET-3: routed, never reached
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def test_the_store_cannot_be_reached_on_another_address():
+    store = P.open_store("127.0.0.1", 0, is_server=True, timeout_s=5.0)
+    other = outward_address()
+    if other is None:
+        pytest.skip("this machine has no address besides loopback")
+    with pytest.raises(ConnectionRefusedError), socket.create_connection((other, store.port), 5):
+        pass
+
+
+def test_a_store_on_an_address_this_machine_lacks_is_one_error():
+    with pytest.raises(WorkerError, match="control store at 203.0.113.254"):
+        P.open_store("203.0.113.254", 0, is_server=True, timeout_s=1.0)  # TEST-NET-3

@@ -3,12 +3,16 @@ store is torchrun's. Tried on one machine as two "nodes" of two processes each."
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from stages.engine.launch import Torchrun
@@ -46,7 +50,8 @@ def test_no_torchrun_without_its_variables(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
-def test_train_under_torchrun_two_nodes(tmp_path):
+@pytest.mark.parametrize("engine", ["collective", "ps"])
+def test_train_under_torchrun_two_nodes(tmp_path, engine):
     port = _free_port()
     cmd = [
         str(TORCHRUN),
@@ -77,17 +82,23 @@ def test_train_under_torchrun_two_nodes(tmp_path):
         "synthetic:base_s=0.005",
         "--timeout",
         "30",
+        "--engine",
+        engine,
         "--json",
     ]
     nodes = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         for _ in range(2)
     ]
     try:
         outs = [n.communicate(timeout=120) for n in nodes]
     finally:
-        for n in nodes:
-            n.kill()
+        for n in nodes:  # torchrun and every rank it started, also when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(n.pid, signal.SIGKILL)
+            n.wait(10)
     assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     lines = [line for out, _ in outs for line in out.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # only the server rank prints the summary
@@ -96,4 +107,10 @@ def test_train_under_torchrun_two_nodes(tmp_path):
     rows = TraceStore(tmp_path / "traces").read()
     assert rows.height == 20 * 3
     assert set(rows["world_size"].to_list()) == {3}
-    assert rows["censored"].sum() >= 1  # the third gradient of each iteration was cut off
+    per_iteration = rows.group_by("iteration").agg(pl.col("censored").sum()).sort("iteration")
+    assert per_iteration["iteration"].to_list() == list(range(20))
+    assert per_iteration["censored"].to_list() == [1] * 20  # the third gradient was cut off
+    full = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert full["engine"] == engine
+    if engine == "collective":  # three replicas on two "machines", bit-identical at the end
+        assert len(full["replica_digests"]) == 3 and full["replicas_identical"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stages.estimators import EwmaLogNormal
 from stages.model.data import (
     NUM_FEATURES,
     HistoryFilter,
@@ -13,7 +14,6 @@ from stages.model.data import (
     sample_windows,
     to_tensors,
 )
-from stages.policies.estimators import EwmaLogNormal
 from stages.store import RunMatrix
 from tests.stages.model.clusters import drifting_cluster
 

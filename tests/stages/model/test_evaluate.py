@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from stages.estimators import EwmaLogNormal, lognormal_logpdf_or_logsf
 from stages.fit import FitConfig, run_fit
-from stages.model.evaluate import baseline_log_lik, split
-from stages.policies.estimators import EwmaLogNormal, lognormal_logpdf_or_logsf
+from stages.model.evaluate import PitCollector, baseline_log_lik, split
 from stages.store import RunMatrix, TraceStore
 from tests.stages.model.clusters import drifting_cluster, write_run
 
@@ -46,3 +46,42 @@ def test_model_beats_window_and_ewma_on_a_drifting_host_correlated_cluster(tmp_p
     result = run_fit(config)
     assert result.val_nll < result.baseline_nll["ewma"] - 0.05
     assert result.val_nll < result.baseline_nll["window"] - 0.05
+
+
+def _collect(spread: float, censor_above: float | None = None, seed: int = 0) -> dict:
+    """PITs of 300 iterations x 20 workers of independent log-normals (sd 0.7) under a
+    predictive of sd ``spread`` (0.7 is the truth); values above ``censor_above`` censored."""
+    rng = np.random.default_rng(seed)
+    pits = PitCollector()
+    mu = np.linspace(-0.5, 0.5, 20)
+    for _ in range(300):
+        x = np.exp(mu + 0.7 * rng.standard_normal(20))
+        cens = np.zeros(20, dtype=bool) if censor_above is None else x > censor_above
+        draws = np.exp(mu + spread * rng.standard_normal((256, 20)))
+        pits.add(draws, np.where(cens, censor_above or 0.0, x), cens, np.ones(20, dtype=bool))
+    return pits.summary()
+
+
+def test_calibration_covers_90_percent_under_the_true_predictive():
+    summary = _collect(0.7)
+    for key in ("runtime", "order_stat"):
+        assert 0.87 <= summary[key]["coverage"] <= 0.93 and summary[key]["ks"] < 0.05
+        assert np.isclose(sum(summary[key]["histogram"]), 1.0)
+    assert summary["runtime"]["count"] == 6000 and summary["order_stat"]["count"] == 300
+    assert 1 <= summary["order_stat"]["mean_c"] <= 20
+
+
+def test_calibration_flags_a_predictive_too_sure_or_too_vague():
+    narrow, wide = _collect(0.3), _collect(1.4)
+    assert narrow["runtime"]["coverage"] < 0.6 and narrow["order_stat"]["coverage"] < 0.7
+    assert wide["runtime"]["coverage"] > 0.98
+    # too sure: the PITs pile up in the outer bins; too vague: in the middle
+    assert narrow["runtime"]["histogram"][0] + narrow["runtime"]["histogram"][-1] > 0.4
+    assert wide["runtime"]["histogram"][0] + wide["runtime"]["histogram"][-1] < 0.05
+
+
+def test_calibration_skips_censored_values_and_order_statistics_it_cannot_see():
+    summary = _collect(0.7, censor_above=1.0)
+    assert 2000 < summary["runtime"]["count"] < 6000  # the censored run-times are left out
+    # x_(c) is scored only where the c smallest values were all seen exactly
+    assert 0 < summary["order_stat"]["count"] < 300

@@ -37,7 +37,7 @@ def test_unknown_workers_and_hosts_use_the_unknown_embedding(checkpoint_path):
     assert pred.params.emb.shape[0] == 4
     by_default = load_predictor(checkpoint_path, workers=[5])
     assert by_default.sample(2).shape == (2, 1)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"one host per worker .*\(got 2 workers, 1 hosts\)"):
         load_predictor(checkpoint_path, workers=[0, 1], hosts=["a"])
 
 
@@ -65,7 +65,7 @@ def test_same_seed_same_samples(checkpoint_path):
     torch.testing.assert_close(draws[0], draws[1])
 
 
-def host_pair_predictor(tmp_path):
+def host_pair_predictor(tmp_path, interleaved: bool = False):
     """4 workers, hosts a, a, b, b; a host slows down as a whole (jump 3 normalised units) with
     probability about 1/2 per iteration, so a host mate's run-time says much about a worker's."""
     torch.manual_seed(0)
@@ -76,7 +76,11 @@ def host_pair_predictor(tmp_path):
         model.head.mlp[2].bias[tail + 5] = 5.0  # jump logit bias ~ 0
     vocab = Vocab((0, 1, 2, 3), ("a", "b"), {0: "a", 1: "a", 2: "b", 3: "b"})
     ckpt = Checkpoint(model, Normaliser(np.log(0.05), 0.3), vocab, ("a", "a", "b", "b"), {}, {})
-    pred = load_predictor(save_checkpoint(tmp_path / "m.pt", ckpt), seed=0)
+    path = save_checkpoint(tmp_path / "m.pt", ckpt)
+    if interleaved:  # the same workers listed as a, b, a, b
+        pred = load_predictor(path, [0, 2, 1, 3], ["a", "b", "a", "b"], seed=0)
+    else:
+        pred = load_predictor(path, seed=0)
     for _ in range(20):
         pred.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
     return pred
@@ -133,3 +137,34 @@ def test_remaining_stays_above_the_present_far_in_the_tail(tmp_path):
     now = 0.05 * np.exp(0.3 * 60)  # 60 normalised units: every component's survival underflows
     draws = pred.remaining(now, np.where(arrived, 0.05, 0.0), arrived, ~arrived)
     assert np.isfinite(draws).all() and np.all(draws >= now)
+
+
+def test_arrivals_sum_only_new_arrivals_and_match_a_fresh_start(tmp_path):
+    # within an iteration arrivals only grow: the kept per-host sums must equal a fresh start's,
+    # and a set that is not a superset (a new iteration's) starts afresh
+    pred = host_pair_predictor(tmp_path)
+    pred.sample(64)
+    x = np.array([0.05, 0.0, 0.055, 0.06])
+    order = [np.array([True, False, False, False]), np.array([True, False, True, True])]
+    for arrived in order:
+        pred.remaining(0.061, np.where(arrived, x, 0.0), arrived, ~arrived)
+    kept = pred._arrivals.seen_arrived.copy()
+    pred._arrivals.added = None  # forget: sum every arrival at once
+    pred.remaining(0.061, np.where(order[1], x, 0.0), order[1], ~order[1])
+    np.testing.assert_allclose(kept, pred._arrivals.seen_arrived)
+    fewer = np.array([False, False, True, False])
+    draws = pred.remaining(0.06, np.where(fewer, x, 0.0), fewer, ~fewer)
+    assert pred._arrivals.added.tolist() == fewer.tolist() and draws.shape == (64, 3)
+
+
+def test_remaining_keeps_the_waiting_workers_in_index_order(tmp_path):
+    # the draws are computed host by host; the columns must come back in the workers' order.
+    # Hosts a, b, a, b: positions 1 and 3 (host b) are both late, so host b is likely slow;
+    # position 2 (host a) is late while its host mate arrived on time
+    pred = host_pair_predictor(tmp_path, interleaved=True)
+    pred.sample(2048)
+    waiting = np.array([False, True, True, True])
+    now = 0.05 * np.exp(0.3 * 1.0)
+    draws = pred.remaining(now, np.where(waiting, 0.0, 0.05), ~waiting, waiting)
+    medians = np.median(draws, axis=0)  # positions 1, 2, 3
+    assert medians[0] > 1.3 * medians[1] and medians[2] > 1.3 * medians[1]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from pyro import poutine
 
+from stages.estimators import lognormal_logpdf_or_logsf
 from stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
 from stages.model.runtime_model import (
     CENSORED_WEIGHT,
@@ -19,7 +20,6 @@ from stages.model.runtime_model import (
     RuntimeModel,
     censored_normal_log_lik,
 )
-from stages.policies.estimators import lognormal_logpdf_or_logsf
 from stages.store import RunMatrix
 from tests.stages.model.clusters import drifting_cluster
 

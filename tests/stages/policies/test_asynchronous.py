@@ -15,7 +15,7 @@ def test_fixed_k_caps_to_live_workers():
     assert KAsync(1, name="async").choose(live) == 1
     assert KBatchSync(2).choose(np.ones(4, dtype=bool)) == 2
     assert KAsync(3).mode == "k-async" and KBatchSync(3).mode == "k-batch-sync"
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="k-async:0 needs K >= 1, got 0"):
         KAsync(0)
 
 

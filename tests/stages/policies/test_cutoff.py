@@ -57,7 +57,7 @@ def test_full_and_static_cap_to_live_workers():
     assert FullSync().choose(live) == 3
     assert StaticCutoff(2).choose(live) == 2
     assert StaticCutoff(4).choose(live) == 3
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="static:C needs C >= 1, got 0"):
         StaticCutoff(0)
 
 
@@ -176,7 +176,7 @@ def test_long_run_objective_beats_the_per_iteration_rate_across_regimes():
 
 
 def test_objective_is_validated_and_named():
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="objective must be one of .*got 'fastest'"):
         EwmaCutoff(4, objective="fastest")
     assert EwmaCutoff(4).name == "ewma"
     assert EwmaCutoff(4, objective="iteration").name == "ewma:iteration"
@@ -259,7 +259,7 @@ def test_fixed_stopping_and_predictors_without_remaining_keep_the_chosen_c():
     assert policy.revise(*arrivals(1)) == 3  # nothing to condition on: c stands
     fixed = BdsgdCutoff(FixedPredictor(np.ones((4, 4))), num_samples=4, stopping="fixed")
     assert not fixed.online and fixed.name == "bdsgd:fixed"
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="stopping must be one of .*got 'sometimes'"):
         BdsgdCutoff(FixedPredictor(np.ones((4, 4))), stopping="sometimes")
 
 

@@ -30,7 +30,7 @@ def test_adasync_period_spans_the_run():
     "spec", ["nope", "static", "static:x", "static:0", "static:9", "full:3", "k-async:"]
 )
 def test_bad_specs_are_one_line_config_errors(spec):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError, match=f"policy '{spec}'") as err:
         make_policy(spec, 8)
     assert "\n" not in str(err.value)
 

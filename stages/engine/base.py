@@ -1,0 +1,278 @@
+"""What every engine variant shares: the run loop, liveness (who is alive, who died when), the
+per-iteration metrics row, trace rows built from worker reports, and the checkpoint state that
+``--resume`` continues from. A variant implements :meth:`Engine.step` -- how one iteration admits
+gradients -- and the few hooks its way of holding parameters needs.
+
+Variants: :class:`stages.engine.ps.ParameterServer` (synchronous cutoff through a parameter
+server), :class:`stages.engine.collective.Coordinator` (the cutoff inside an all-reduce among
+worker replicas) and :class:`stages.engine.async_server.AsyncServer` (k-async, async, adasync).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from stages.engine import protocol as P
+from stages.engine.config import EngineConfig, sgd
+from stages.engine.report import WorkerReport
+from stages.errors import WorkerError
+from stages.policies.base import Policy
+from stages.store import TraceWriter
+from stages.workloads import Workload
+
+STATE_VERSION = 2
+PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
+
+
+@dataclass
+class IterationLog:
+    """What the engine keeps per iteration (metrics for the run dir), column-wise."""
+
+    rows: dict[str, list] = field(default_factory=dict)
+
+    def add(self, **values) -> None:
+        for k, v in values.items():
+            self.rows.setdefault(k, []).append(v)
+
+
+class StopRun(Exception):
+    """Raised by a run's ``on_iteration`` callback to end the run after that iteration (a
+    wall-clock budget spent, a target loss reached): the engine stops as it does at the last
+    of ``cfg.iterations``."""
+
+
+class Engine(abc.ABC):
+    """The loop and the bookkeeping; ``kind`` names the variant in checkpoints."""
+
+    kind: str = "engine"
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        store: dist.Store,
+        policy: Policy,
+        writer: TraceWriter,
+        alive: Callable[[int], bool],
+    ):
+        self.cfg, self.store, self.policy, self.writer, self.alive = (
+            cfg,
+            store,
+            policy,
+            writer,
+            alive,
+        )
+        self.live = np.ones(cfg.workers, dtype=bool)
+        self.dead_at: dict[int, int] = {}
+        self.log = IterationLog()
+        self.current = -1  # the iteration under way (or last begun)
+        self.next_iteration = 0  # the first iteration not completed
+        self.rows_added = 0  # trace rows handed to the writer
+        self.overhead = 0.0  # measured fixed cost of an iteration, smoothed
+        self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
+        self.t0 = time.perf_counter()
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
+        self.next_iteration = start
+        self.connect()
+        self.t0 = time.perf_counter() - self.wall_offset  # the clock starts with the workers
+        for t in range(start, self.cfg.iterations):
+            self.current = t
+            row = self.step(t)
+            self.next_iteration = t + 1
+            try:
+                on_iteration(t, row)
+            except StopRun:
+                return
+
+    @abc.abstractmethod
+    def step(self, t: int) -> dict:
+        """Run iteration (update) t; returns its metrics row (:meth:`record`)."""
+
+    def connect(self) -> None:
+        """Wait (bounded) until every live worker has started, so that process start-up is not
+        counted as iteration 0's time (nor as the engine's overhead)."""
+        self.wait_counter(P.READY, int(self.live.sum()))
+
+    @abc.abstractmethod
+    def finish(self, current: int) -> None:
+        """End the run after ``current``: stop every worker (bounded; never raises for a store
+        or a worker that is already gone) and write what they still report."""
+
+    def evaluate(self) -> float | None:
+        """The held-out loss of the current parameters (None where this process holds none)."""
+        return None
+
+    def final_loss(self) -> float | None:
+        """The held-out loss at the end of the run."""
+        return self.evaluate()
+
+    def extras(self) -> dict:
+        """What the run's summary says of the engine (variants add their own)."""
+        return {"engine": self.kind}
+
+    # -- liveness -----------------------------------------------------------------------------
+    def wait_counter(self, key: str, target: int) -> None:
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while self.store.add(key, 0) < target:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"workers did not start within {self.cfg.timeout_s:g} s")
+            self.reap()
+            time.sleep(0.01)
+
+    def reap(self) -> bool:
+        """Mark workers whose process ended as dead; True if any newly died."""
+        newly = [int(w) for w in np.flatnonzero(self.live) if not self.alive(int(w))]
+        if newly:
+            self.declare_dead(newly)
+        return bool(newly)
+
+    def declare_dead(self, workers) -> None:
+        """Exclude ``workers`` from now on; fewer than ``--min-workers`` left ends the run."""
+        newly = [int(w) for w in workers if self.live[int(w)]]
+        for w in newly:
+            self.live[w] = False
+            self.dead_at.setdefault(w, max(self.current, 0))
+        if newly:
+            self.on_dead(newly)
+        if self.live.sum() < self.cfg.min_workers:
+            raise WorkerError(
+                f"only {int(self.live.sum())} worker(s) left, fewer than --min-workers "
+                f"{self.cfg.min_workers}"
+            )
+
+    def on_dead(self, workers: list[int]) -> None:  # noqa: B027 (a hook, empty by default)
+        """Hook: what a variant does when workers are declared dead."""
+
+    # -- metrics ------------------------------------------------------------------------------
+    def record(self, t: int, predicted: dict | None = None, **values) -> dict:
+        """The metrics row of iteration t: the variant's ``values`` plus what every engine logs
+        (policy, wall clock, live workers, held-out loss when due, the policy's prediction for
+        t: ``predicted``, or what it describes now)."""
+        row = dict(
+            policy=self.policy.name,
+            iteration=t,
+            wall_s=time.perf_counter() - self.t0,
+            workers=int(self.live.sum()),
+            eval_loss=self.evaluate() if t % self.cfg.eval_every == 0 else None,
+            staleness=0.0,
+        )
+        row.update(values)
+        predicted = self.policy.describe() if predicted is None else predicted
+        for k in PREDICTED:  # plain floats: state() saves the log
+            row[k] = None if predicted.get(k) is None else float(predicted[k])
+        row["peer"] = predicted.get("peer")  # self-checking bdsgd: the peer whose c it played
+        self.log.add(**row)
+        return row
+
+    def measure_overhead(self, iteration_s: float, cut_s: float) -> None:
+        """The engine's fixed cost (iteration time beyond the c-th run-time), smoothed and fed
+        to the policy unless ``--overhead-s`` fixes it."""
+        if cut_s > 0:
+            self.overhead = 0.9 * self.overhead + 0.1 * max(iteration_s - cut_s, 0.0)
+        fixed = self.cfg.overhead_s
+        self.policy.overhead_s = fixed if fixed is not None else self.overhead
+
+    # -- trace rows ---------------------------------------------------------------------------
+    def add_rows(self, reports: list[WorkerReport], cutoff: int | None) -> None:
+        """Hand the writer one schema-v1 row per report."""
+        rows: dict[str, list] = {}
+        for rep in reports:
+            values = dict(
+                run_id=self.cfg.run_id,
+                host=self.cfg.hosts[rep.worker],
+                world_size=self.cfg.workers,
+                cutoff=cutoff,
+                policy=self.policy.name,
+                source=self.cfg.source,
+                workload=self.cfg.workload,
+                batch_size=self.cfg.batch_size,
+                device=self.trace_device(),
+                **rep.trace_values(),
+            )
+            for k, v in values.items():
+                rows.setdefault(k, []).append(v)
+        if rows:
+            self.writer.add(rows)
+            self.rows_added += len(reports)
+
+    def trace_device(self) -> str:
+        return "cpu"
+
+    def flush_through(self, t: int) -> None:
+        """Every row of the iterations up to t is with the writer, on disk once it returns."""
+        self.writer.flush()
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while self.writer.rows_written < self.rows_added and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    # -- state for --resume -------------------------------------------------------------------
+    def state(self, next_iteration: int) -> dict:
+        """Everything needed to continue: tensors and plain values only (weights_only loads)."""
+        return {
+            "version": STATE_VERSION,
+            "engine": self.kind,
+            "run_id": self.cfg.run_id,
+            "next_iteration": next_iteration,
+            "live": self.live.tolist(),
+            "dead_at": {str(k): v for k, v in self.dead_at.items()},
+            "log": self.log.rows,
+            "overhead": self.overhead,
+            **self.parameter_state(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.live = np.array(state["live"], dtype=bool)
+        self.dead_at = {int(k): v for k, v in state["dead_at"].items()}
+        self.log.rows = {k: list(v) for k, v in state["log"].items()}
+        self.overhead = float(state["overhead"])
+        if self.log.rows.get("wall_s"):
+            self.wall_offset = self.log.rows["wall_s"][-1]  # wall-clock continues where it stopped
+        self.load_parameter_state(state)
+
+    @abc.abstractmethod
+    def parameter_state(self) -> dict:
+        """The model and optimizer state to save (variants that hold parameters)."""
+
+    @abc.abstractmethod
+    def load_parameter_state(self, state: dict) -> None:
+        """Restore what :meth:`parameter_state` saved."""
+
+
+class ServerModel:
+    """The parameters an engine process holds (parameter server, asynchronous server): the model,
+    its optimizer, one step on an averaged gradient, evaluation and state."""
+
+    def __init__(self, workload: Workload, cfg: EngineConfig):
+        self.workload, self.model = workload, workload.model
+        self.opt = sgd(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+
+    def step(self, grad_sum: torch.Tensor, n: int, lr: float) -> None:
+        """Average ``grad_sum`` (flat, parameter order) over n gradients and step with ``lr``."""
+        grad_sum.div_(n)
+        for p, g in zip(
+            self.model.parameters(), P.flat_views(grad_sum, self.model.parameters()), strict=True
+        ):
+            p.grad = g
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.step()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        x, y = self.workload.eval_batch
+        return float(self.workload.loss(self.model(x), y))
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+    def load(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])

@@ -1,0 +1,377 @@
+"""The collective variant of the synchronous engine: every worker holds a replica of the model and
+optimizer; this process is a light coordinator that holds no parameters. It runs the policy,
+announces each iteration (``go/<t>`` = ``"<generation>,<c or ONLINE>,<live>"``, and the same as
+one integer under ``cgo/<t>``, which a replica reads in one round trip), and cuts. At the cut every
+live replica enters one all-reduce of (gradient sum, sample count, ..., report slots) -- admitted
+workers contribute their gradient, cut-off ones zeros (or, with ``--salvage``, the micro-batches
+they finished) -- and steps (:mod:`stages.engine.replica`). A replica computes its next gradient
+as soon as it has stepped, before it reads the next announcement (which only says how many
+gradients are admitted).
+
+Two admissions, by what the policy needs:
+
+- *live* (``online`` policies, and adaptive ones such as ewma, ecdf, bdsgd:fixed): the
+  coordinator reads the tickets of arrivals as they come (the shared admission of
+  :class:`SyncEngine`), revises online, cuts, and announces the next iteration while the replicas
+  all-reduce;
+- *by the replicas* (full, static:C: a c that depends on nothing observed): the tickets' count
+  alone cuts (ticket c sets the cut key; with every worker admitted no ticket is taken), each
+  admitted replica puts its report in its slot of the all-reduce, and the lowest replica publishes
+  the reduced slots with the step (``cstep/<t>``). The coordinator announces such iterations
+  up to ``LOOKAHEAD`` ahead, in blocks (each announcement says through which iteration the
+  block holds, so a replica reads one per block), and the replicas never wait for it.
+
+Failures: a death (a reaped process, a ticket deadline) or a replica's report that its all-reduce
+failed (``fail/<generation>``, for a member that hangs) ends the current iteration without an
+update and starts a new generation among the survivors, resuming at the next iteration: its
+members rebuild the group and take the lowest member's parameters and optimizer state, so the
+replicas stay identical whichever of them had stepped.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import torch
+
+from stages.engine import protocol as P
+from stages.engine.config import scaled_lr
+from stages.engine.report import WorkerReport
+from stages.engine.sync import SyncEngine
+from stages.errors import WorkerError
+from stages.workloads import resolve_device
+
+FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
+LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead
+
+
+# -- store keys of the collective protocol ----------------------------------------------------
+def generation_key(generation: int) -> str:
+    """``"<members>;<iteration to resume at>"`` of a generation (members are process ids)."""
+    return f"cgen/{generation}"
+
+
+def fail_key(generation: int) -> str:
+    """Appended ``"<worker>,"`` by each member whose all-reduce failed in ``generation``."""
+    return f"cfail/{generation}"
+
+
+def eval_key(t: int | str) -> str:
+    """The held-out loss after iteration t (or ``final``), from the lowest replica."""
+    return f"ceval/{t}"
+
+
+def replica_key(steps: int | str) -> str:
+    """The lowest replica's state (``torch.save`` bytes) after ``steps`` iterations, at each
+    checkpoint and at the end (``final``); ``init`` holds a resumed run's state."""
+    return f"creplica/{steps}"
+
+
+def step_key(t: int) -> str:
+    """Iteration t's all-reduce as the lowest replica saw it (:func:`encode_step`): the
+    gradient statistics behind the coordinator's noise scale, and the reports it carried."""
+    return f"cstep/{t}"
+
+
+def encode_step(stats: tuple, slots: bytes) -> bytes:
+    """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), a newline, then
+    the reduced report slots (float32 bytes, :meth:`WorkerReport.from_slots`)."""
+    return ",".join(map(repr, stats)).encode() + b"\n" + slots
+
+
+def decode_step(blob: bytes) -> tuple[tuple | None, list[tuple[int, WorkerReport]]]:
+    """(statistics or None, [(ticket, report)...]) of a step published by :func:`encode_step`."""
+    head, _, slots = blob.partition(b"\n")
+    stats = None
+    if head:
+        n, sq, mean_sq, samples = head.decode().split(",")
+        stats = (int(n), float(sq), float(mean_sq), int(samples))
+    return stats, WorkerReport.from_slots(np.frombuffer(slots, dtype="f4"))
+
+
+def announce_key(t: int) -> str:
+    """Iteration t's announcement as one integer (:func:`encode_announcement`), read by a
+    replica in one round trip (``add(key, 0)``: 0 until announced)."""
+    return f"cgo/{t}"
+
+
+def encode_announcement(generation: int, limit: int, live: int, span: int = 0) -> int:
+    """One integer >= 1 for (generation, limit, live, span): the same announcement holds for the
+    ``span`` iterations after this one too (0 <= span < 256)."""
+    return 1 + limit + (live << 23) + (span << 24) + (generation << 32)
+
+
+def decode_announcement(code: int) -> tuple[int, int, int, int]:
+    """(generation, limit, live, span) of an :func:`encode_announcement` code."""
+    code -= 1
+    return code >> 32, code & ((1 << 23) - 1), (code >> 23) & 1, (code >> 24) & 255
+
+
+def lag_key(worker: int) -> str:
+    """A replica's join lags (cut to all-reduce entry), milliseconds, comma-separated."""
+    return f"clag/{worker}"
+
+
+def digest_key(worker: int) -> str:
+    """A replica's parameter digest at the end of the run."""
+    return f"cdigest/{worker}"
+
+
+def load_replica_state(blob: bytes) -> dict:
+    """A replica state from its bytes: tensors and plain values only (never runs code)."""
+    return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+
+
+class Coordinator(SyncEngine):
+    kind = "collective"
+
+    def __init__(self, cfg, store, workload, policy, writer, alive):
+        super().__init__(cfg, store, policy, writer, alive)
+        self.generation = -1
+        self.members: list[int] = []
+        self.last_cut = 0.0
+        self.pending_evals: dict[int, int] = {}  # iteration -> its index in the log
+        self.replica: tuple[int, bytes] | None = None  # (steps, state) last fetched
+        self.lags_ms: list[float] = []
+        self.digests: dict[int, str] = {}
+        self.device = resolve_device(cfg.device, cfg.workers)
+        self.finished = False
+        self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
+        self.read_steps: dict[int, bytes] = {}  # steps read by admit, not yet by read_noise
+
+    def connect(self) -> None:
+        super().connect()
+        self.last_cut = time.perf_counter()
+
+    # -- an iteration -------------------------------------------------------------------------
+    def begin(self, t: int) -> None:
+        self.read_noise(t)
+        super().begin(t)
+
+    def read_noise(self, t: int) -> None:
+        """Feed the noise-scale estimate the statistics the lowest replica has published, in
+        order (those of a step already read by :meth:`admit` without a second read). The latest
+        all-reduce (t - 1) may still run: it counts at the next iteration; an earlier one with
+        none published had no update (a failure) and is skipped."""
+        k = self.noise_next
+        while k < t:
+            blob = self.read_steps.pop(k, None)
+            if blob is None and self.store.check([step_key(k)]):
+                blob = self.store.get(step_key(k))
+            if blob is not None:
+                stats, _ = decode_step(blob)
+                if stats is not None:
+                    n, sq, mean_sq, samples = stats
+                    self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
+                self.store.delete_key(step_key(k))
+            elif k == t - 1:
+                break
+            k += 1
+        self.noise_next = k
+
+    def announce(self, t: int, limit: int) -> None:
+        """A new generation if the live set changed, then the iteration, its limit and whether
+        the coordinator reads arrivals live (as text for the shared protocol, as an integer for
+        the replicas' one-round-trip read)."""
+        self.new_generation(t)
+        live = int(self.reads_arrivals)
+        self.store.set(P.go_key(t), f"{self.generation},{limit},{live}")
+        span = self.through - t
+        self.store.add(announce_key(t), encode_announcement(self.generation, limit, live, span))
+
+    @property
+    def reads_arrivals(self) -> bool:
+        """Whether the policy needs the arrivals as they come (online revision, or a c that
+        depends on the last iteration: it is chosen while the replicas all-reduce); else the
+        replicas' tickets decide alone and the reports ride the all-reduce."""
+        return self.policy.online or self.policy.adaptive
+
+    def ahead(self, t: int) -> int:
+        """A c that depends on nothing observed is announced ahead, a block at a time: once
+        fewer than half of ``LOOKAHEAD`` iterations remain announced, through t + LOOKAHEAD."""
+        if self.reads_arrivals:
+            return 0
+        if self.announced >= t + LOOKAHEAD // 2:
+            return self.announced - t  # nothing new to announce
+        return min(LOOKAHEAD, self.cfg.iterations - 1 - t)
+
+    def admit(self, t: int) -> list[WorkerReport]:
+        """An online iteration reads arrivals as they come (the shared admission); a fixed-c
+        one is decided by the replicas' tickets alone, and its admitted reports arrive with
+        the lowest replica's step, in ticket order (arrival order when nobody could be cut)."""
+        if self.reads_arrivals:
+            return super().admit(t)
+        self.admitting = t
+        blob = self.wait_step(t)
+        self.admitting = None
+        if blob is None:
+            return []
+        self.read_steps[t] = blob
+        _, slots = decode_step(blob)
+        slots.sort(key=lambda s: (s[0], s[1].start_s + s[1].runtime_s))
+        reports = [report for _, report in slots]
+        for report in reports:
+            self.driver.arrive(report.worker, report.runtime_s)
+        return reports
+
+    def wait_step(self, t: int) -> bytes | None:
+        """The step the lowest replica publishes after iteration t's all-reduce; None when the
+        iteration failed (a death, a failed all-reduce) or nothing came by the deadline (then
+        the members that did not report a failure are declared hung)."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        key = step_key(t)
+        while not P.wait_key(self.store, key, 0.05):
+            self.poll()
+            if self.aborted:
+                return None
+            if time.monotonic() > deadline:
+                self.handle_failure()
+                return None
+        return self.store.get(key)
+
+    def new_generation(self, resume: int) -> None:
+        members = (np.flatnonzero(self.live) + 1).tolist()
+        if members == self.members:
+            return
+        self.generation += 1
+        self.members = members
+        self.store.set(generation_key(self.generation), f"{P.encode_members(members)};{resume}")
+
+    def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
+        """The replicas apply the update themselves; the coordinator only times the cycle
+        (cut to cut) and logs the learning rate they use."""
+        now = time.perf_counter()
+        iteration_s, self.last_cut = now - self.last_cut, now
+        self.collect_evals()
+        if t % self.cfg.eval_every == 0:
+            self.pending_evals[t] = len(self.log.rows.get("iteration", []))
+        if self.aborted:
+            return iteration_s, {"lr": 0.0, "c": 0}
+        n, live = len(reports), int(self.live.sum())
+        return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
+
+    # -- failures -----------------------------------------------------------------------------
+    def poll(self) -> None:
+        """While waiting for a ticket: deaths, and replicas whose all-reduce failed."""
+        self.reap()
+        if not self.aborted and self.store.check([fail_key(self.generation)]):
+            self.handle_failure()
+
+    def handle_failure(self) -> None:
+        """A member's all-reduce failed: every member that is alive reports it within a grace;
+        the ones that do not are hung, and declared dead."""
+        grace = time.monotonic() + min(self.cfg.timeout_s, FAIL_GRACE_S)
+        members = set(np.flatnonzero(self.live).tolist())
+        while time.monotonic() < grace:
+            self.reap()
+            reported = self.failed_members() | set(np.flatnonzero(~self.live).tolist())
+            if members <= reported:
+                break
+            time.sleep(0.05)
+        hung = members - self.failed_members()
+        self.declare_dead(sorted(hung))
+        if not hung:  # a failure nobody caused (a network blip): rebuild all the same
+            self.on_dead([])
+
+    def failed_members(self) -> set[int]:
+        if not self.store.check([fail_key(self.generation)]):
+            return set()
+        blob = self.store.get(fail_key(self.generation)).decode()
+        return {int(w) for w in blob.split(",") if w}
+
+    def on_dead(self, workers: list[int]) -> None:
+        """Regroup the survivors. Found while an iteration runs, it ends without an update and
+        the new group resumes at the next one; found before it is announced, the new group
+        runs it."""
+        if self.admitting is not None:
+            self.aborted = True
+            self.store.set(P.cut_key(self.admitting), repr(time.time()))
+            resume = self.admitting + 1
+        else:  # found between iterations: the new group runs the coming one
+            resume = self.begun + 1
+        self.members = []  # force a new generation even if nobody died (failure without death)
+        self.new_generation(resume)
+
+    # -- held-out loss, state, end ------------------------------------------------------------
+    def collect_evals(self, wait: bool = False) -> None:
+        """Fill in the held-out losses the lowest replica has published since."""
+        for t, index in list(self.pending_evals.items()):
+            key = eval_key(t)
+            if (wait and P.wait_key(self.store, key, 1.0)) or self.store.check([key]):
+                self.log.rows["eval_loss"][index] = float(self.store.get(key).decode())
+                del self.pending_evals[t]
+
+    def state(self, next_iteration: int) -> dict:
+        """The base state, at the iterations the lowest replica has applied (they differ from
+        the coordinator's count only when a run is cut short mid-all-reduce)."""
+        self.fetch_replica(next_iteration)
+        steps = self.replica[0] if self.replica is not None else next_iteration
+        return super().state(steps)
+
+    def fetch_replica(self, steps: int) -> None:
+        """The lowest replica's state after ``steps`` iterations (bounded wait); at the end,
+        whatever it published last."""
+        if self.finished or (self.replica is not None and self.replica[0] == steps):
+            return
+        if P.wait_key(self.store, replica_key(steps), self.cfg.timeout_s):
+            self.replica = (steps, self.store.get(replica_key(steps)))
+            self.store.delete_key(replica_key(steps))  # the store keeps no pile of states
+
+    def parameter_state(self) -> dict:
+        if self.replica is None:
+            return {}
+        return {"replica": torch.frombuffer(bytearray(self.replica[1]), dtype=torch.uint8)}
+
+    def load_parameter_state(self, state: dict) -> None:
+        if "replica" not in state:
+            raise WorkerError("the checkpoint holds no replica state: the run cannot resume")
+        blob = state["replica"].numpy().tobytes()
+        self.store.set(replica_key("init"), blob)
+        replica = load_replica_state(blob)
+        if "noise" in replica:
+            self.noise.load_state_dict(replica["noise"])
+        self.noise_next = int(state["next_iteration"])
+
+    def finish(self, current: int) -> None:
+        """Tell the replicas to stop after ``current``; collect the held-out losses, the final
+        state, join lags and parameter digests they publish (bounded)."""
+        self.finished = True
+        self.stop_workers(current)
+        try:
+            self.collect_final()
+        except RuntimeError:
+            pass  # the store is gone: workers notice and exit on their own
+
+    def collect_final(self) -> None:
+        if P.wait_key(self.store, replica_key("final"), min(self.cfg.timeout_s, 30.0)):
+            blob = self.store.get(replica_key("final"))
+            self.replica = (int(load_replica_state(blob)["steps"]), blob)
+        self.collect_evals(wait=True)
+        for w in map(int, np.flatnonzero(self.live)):
+            if P.wait_key(self.store, digest_key(w), 5.0):
+                self.digests[w] = self.store.get(digest_key(w)).decode()
+            if self.store.check([lag_key(w)]):
+                blob = self.store.get(lag_key(w)).decode()
+                self.lags_ms += [float(v) for v in blob.split(",") if v]
+
+    def final_loss(self) -> float | None:
+        if self.store.check([eval_key("final")]):
+            return float(self.store.get(eval_key("final")).decode())
+        return None
+
+    def trace_device(self) -> str:
+        return self.device.type
+
+    def extras(self) -> dict:
+        """What the summary reports of the collective engine."""
+        lags = np.asarray(self.lags_ms) if self.lags_ms else np.zeros(1)
+        return {
+            **super().extras(),
+            "join_lag_ms_p50": float(np.percentile(lags, 50)),
+            "join_lag_ms_p99": float(np.percentile(lags, 99)),
+            "replicas_identical": len(set(self.digests.values())) <= 1,
+            "replica_digests": {str(k): v for k, v in self.digests.items()},
+            "device": self.device.type,
+        }

@@ -1,0 +1,85 @@
+"""The engine's one config (built by the profile and train stages from theirs) and the two small
+pieces of arithmetic every engine variant shares: the optimizer and the learning-rate scaling."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from stages.errors import ConfigError
+
+ENGINES = ("auto", "collective", "ps")
+DEVICES = ("auto", "cpu", "cuda")
+LR_SCALINGS = ("linear", "sqrt", "none", "adascale")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Settings of one engine run. Plain values only: it crosses the spawn boundary to every
+    worker process unchanged (workers read what they need from it)."""
+
+    workers: int
+    iterations: int
+    run_id: str
+    source: str  # "profile" or "train": the trace rows' source
+    engine: str = "auto"  # ps | collective | auto (collective, or ps for asynchronous policies)
+    device: str = "auto"  # auto | cpu | cuda (collective engine only)
+    salvage: bool = False  # collective: a cut-off worker contributes its finished micro-batches
+    workload: str = "mlp"
+    batch_size: int = 32
+    micro_batches: int = 4
+    stragglers: str = "none"
+    time_scale: float = 1.0
+    seed: int = 0
+    lr: float = 0.05
+    momentum: float = 0.9
+    lr_scaling: str = "linear"  # linear | sqrt | none | adascale: lr * f(c / live workers)
+    record_batch: int = 25  # iterations per trace batch (and per server checkpoint)
+    eval_every: int = 10
+    min_workers: int = 1
+    timeout_s: float = 60.0
+    host: str = "127.0.0.1"
+    hosts: tuple[str, ...] = ()  # trace host of each worker (emulated hosts, or the machine)
+    overhead_s: float | None = None  # None: measure it and feed it to the policy
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.engine == "ps" and self.device == "cuda":  # (auto: the CPU on the ps engine)
+            raise ConfigError("--device cuda needs --engine collective (the parameter server "
+                              "computes on CPU)")  # fmt: skip
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ConfigError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}")
+
+
+def engine_config(stage_cfg, **values) -> EngineConfig:
+    """An EngineConfig from a stage config: fields of the same name are copied (every stage
+    config field named like an engine field means the same thing), ``values`` add the rest."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    stage = {f.name for f in dataclasses.fields(stage_cfg)}
+    shared = {k: getattr(stage_cfg, k) for k in names & stage}
+    return EngineConfig(**{**shared, **values})
+
+
+def sgd(params, lr: float, momentum: float) -> torch.optim.SGD:
+    """torch's SGD, fused where the parameters allow: the same arithmetic in fewer kernels."""
+    params = list(params)
+    try:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True)
+    except RuntimeError:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def scaled_lr(cfg: EngineConfig, n: float, live: int, gain: float | None = None) -> float:
+    """The learning rate for a step on n gradients of ``live`` workers (``--lr-scaling``);
+    ``adascale`` uses ``gain`` (the statistical gain of the n gradients relative to ``live``),
+    and falls back to linear while no noise-scale estimate exists."""
+    ratio = n / max(live, 1)
+    if cfg.lr_scaling == "adascale":
+        return cfg.lr * (gain if gain is not None else ratio)
+    return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.lr_scaling]

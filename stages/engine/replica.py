@@ -1,0 +1,294 @@
+"""The collective engine's worker: a full replica of the model and optimizer. Each iteration it
+waits for the coordinator's announcement, computes its gradient (abandoning it at the cut), takes
+a ticket, and enters one all-reduce of
+
+    [gradient sum over its samples..., samples, |g_i|^2, contributions]
+
+with every live replica: admitted workers contribute their gradient, cut-off workers zeros (or,
+with ``--salvage``, the micro-batches they finished). Every replica divides by the admitted sample
+count and steps with SGD with momentum written out on flat buffers -- the same arithmetic on the
+same reduced bytes, so the replicas stay bit-identical.
+
+See :mod:`stages.engine.collective` for the coordinator and the failure protocol.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import time
+
+import torch
+import torch.distributed as dist
+
+from stages.engine import collective as C
+from stages.engine import protocol as P
+from stages.engine.config import scaled_lr
+from stages.engine.report import SLOT, WorkerReport
+from stages.engine.worker import (
+    WorkerProcess,
+    WorkerSpec,
+    check_member,
+    wait_announcement,
+    worker_entry,
+)
+from stages.goodput import NoiseScale
+from stages.workloads import backend_for, resolve_device
+
+SCALARS = 3  # samples, |g_i|^2, contributions
+
+
+class Replica(WorkerProcess):
+    def __init__(self, spec: WorkerSpec):
+        device = resolve_device(spec.cfg.device, spec.cfg.workers, spec.local_rank)
+        super().__init__(spec, device)
+        self.backend = backend_for(device, spec.cfg.workers)
+        size = sum(p.numel() for p in self.model.parameters())
+        kw = dict(device=device)
+        self.flat = torch.zeros(size, **kw)  # the parameters (the model's params are views)
+        self.momentum = torch.zeros(size, **kw)
+        # the all-reduce: [gradient..., samples, |g_i|^2, contributions, report slots...]; the
+        # model's gradients are views into its head, so backward writes what is reduced
+        self.comm = torch.zeros(size + SCALARS + SLOT * spec.cfg.workers, **kw)
+        self.grad, self.comm_scalars = self.comm[:size], self.comm[size : size + SCALARS]
+        self.comm_slots = self.comm[size + SCALARS :]
+        P.bind_flat(self.model.parameters(), self.flat, self.grad)
+        self.scalars_cpu = torch.zeros(SCALARS)
+        self.slot = slice(SLOT * self.w, SLOT * (self.w + 1))  # this worker's, in comm_slots
+        self.cuttable = True  # whether the last iteration could cut anyone
+        self.live_arrivals = 1  # whether the coordinator reads this iteration's arrivals live
+        self.known, self.known_through = (-1, 0, 1), -1  # an announcement, and through when
+        self.noise = NoiseScale()
+        self.generation, self.group, self.members = -1, None, []
+        self.steps = 0  # iterations applied
+        self.noise_stats: tuple = ()  # the last step's (n, sum |g_i|^2, |mean|^2, samples)
+        self.lags_ms: list[float] = []
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        t = int(self.store.get("start_iteration").decode())
+        if t > 0:
+            self.load(C.load_replica_state(self.store.get(C.replica_key("init"))))
+        self.store.add(P.READY, 1)
+        ahead = None  # iteration t's gradient, computed before its announcement was read
+        while t < self.spec.cfg.iterations:
+            announced = self.announcement(t)
+            if announced is None:
+                break
+            generation, limit, self.live_arrivals = announced
+            if generation > self.generation:
+                t, ahead = self.join(generation), None
+                continue  # (re-)read the announcement of the iteration the generation resumes at
+            t = self.iteration(t, limit, ahead)
+            ahead = self.compute_ahead(t)
+        self.finish()
+
+    def announcement(self, t: int) -> tuple[int, int, int] | None:
+        """(generation, c or ONLINE, whether the coordinator reads arrivals live) of iteration
+        t, or None for stop. No round trip inside a block announced ahead, one when the
+        coordinator announced already (the integer key), else a wait for the text key."""
+        if t <= self.known_through:
+            return self.known
+        code = self.store.add(C.announce_key(t), 0)
+        if code:
+            generation, limit, live, span = C.decode_announcement(code)
+            self.known, self.known_through = (generation, limit, live), t + span
+            return self.known
+        announced = wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w)
+        if announced == P.STOP:
+            return None
+        return tuple(int(v) for v in announced.split(","))  # type: ignore[return-value]
+
+    def compute_ahead(self, t: int):
+        """Iteration t's gradient, started as soon as the step before it is applied: the
+        replica holds the parameters already, so it need not wait for the announcement, which
+        only says how many gradients are admitted. Cut checks as in the last iteration."""
+        if t >= self.spec.cfg.iterations:
+            return None
+        return self.compute(t, P.cut_key(t), cuttable=self.cuttable)
+
+    def iteration(self, t: int, limit: int, grad=None) -> int:
+        """Compute (unless done ahead), take a ticket, all-reduce, step; returns the next
+        iteration (the resume point of a new generation when the all-reduce failed)."""
+        workers = len(self.members)
+        self.online = limit == P.ONLINE
+        limit = workers if self.online else limit
+        self.cuttable = self.online or limit < workers
+        if grad is None:
+            grad = self.compute(t, P.cut_key(t), cuttable=self.cuttable)
+        report = self.report(t, grad)
+        ticket = self.admission(t, limit, workers, report) if grad.loss is not None else 0
+        self.contribute(grad.samples if ticket or self.spec.cfg.salvage else 0, report, ticket)
+        entered = time.time()
+        if not self.all_reduce():
+            return self.recover()
+        if not ticket:
+            self.note_lag(t, entered)
+        self.step()
+        self.publish(t)
+        return t + 1
+
+    def admission(self, t: int, limit: int, workers: int, report) -> int:
+        """This replica's ticket (0: cut off; 1 when its number does not matter). When the
+        coordinator reads arrivals live (online, or an adaptive c), the shared ticket protocol;
+        otherwise only the tickets' count matters (ticket c cuts the rest) and the reports ride
+        the all-reduce; with every worker admitted nobody can be cut, and no ticket is taken."""
+        if self.live_arrivals:
+            return 1 if self.take_ticket(t, limit, report) else 0
+        if limit >= workers:
+            return 1
+        ticket = self.store.add(P.ticket_key(t), 1)
+        if ticket == limit:
+            self.store.set(P.cut_key(t), repr(time.time()))
+        return ticket if ticket <= limit else 0
+
+    # -- the update ---------------------------------------------------------------------------
+    def contribute(self, samples: int, report: WorkerReport, ticket: int) -> None:
+        """This replica's part of the all-reduce: its gradient (already in place: the gradient
+        buffer holds the sum over the ``samples`` done divided by the batch size) or zeros; an
+        admitted gradient also adds its squared norm for the noise-scale estimate, and its
+        report in its slot (the coordinator of a fixed-c iteration reads the reports there)."""
+        self.comm_slots.zero_()
+        if ticket:
+            slot = torch.from_numpy(report.to_slot(ticket))
+            self.comm_slots[self.slot] = slot.to(self.device)
+        if not samples:
+            self.grad.zero_()
+        sq_norm = float(torch.dot(self.grad, self.grad)) if ticket and samples else 0.0
+        self.scalars_cpu.numpy()[:] = (float(samples), sq_norm, float(bool(ticket and samples)))
+        self.comm_scalars.copy_(self.scalars_cpu)
+
+    def all_reduce(self) -> bool:
+        """The one collective of an iteration; False if it failed (a member died or hangs)."""
+        try:
+            self.group.allreduce([self.comm]).wait()
+            return True
+        except (RuntimeError, dist.DistError):
+            return False
+
+    def step(self) -> None:
+        """SGD with momentum on the mean of the admitted gradients, the learning rate scaled to
+        the admitted count (torch's SGD arithmetic: buf = m * buf + g; p -= lr * buf)."""
+        cfg = self.spec.cfg
+        samples, sq_norms, contributions = self.comm_scalars.tolist()
+        self.noise_stats = ()
+        if samples <= 0:
+            return
+        grad = self.grad.mul_(cfg.batch_size / samples)  # the mean over the admitted samples
+        stats = (int(contributions), sq_norms, float(torch.dot(grad, grad)), int(samples))
+        self.noise.update(stats[0], cfg.batch_size, *stats[1:3], mean_samples=stats[3])
+        self.noise_stats = stats
+        gradients = samples / cfg.batch_size
+        gain = self.noise.lr_factor(max(round(gradients), 1), len(self.members))
+        lr = scaled_lr(cfg, gradients, len(self.members), gain)
+        self.momentum.mul_(cfg.momentum).add_(grad)
+        self.flat.add_(self.momentum, alpha=-lr)
+        self.steps += 1
+
+    # -- generations --------------------------------------------------------------------------
+    def join(self, generation: int) -> int:
+        """Build the group of ``generation`` (every generation after the first also takes the
+        lowest member's state); returns the iteration it resumes at. A replica the generation
+        leaves out stops."""
+        blob = self.store.get(C.generation_key(generation)).decode()
+        members, resume = blob.split(";")
+        self.members = P.decode_members(members.encode())
+        check_member(self.spec, self.members)
+        self.known_through = -1  # read the announcements again: a block may predate the group
+        if self.group is not None:
+            P.shutdown(self.group)
+        self.group = self.build_group(generation)
+        if self.generation >= 0:
+            self.sync_state()
+        self.generation = generation
+        return int(resume)
+
+    def build_group(self, generation: int):
+        cfg = self.spec.cfg
+        # the replicas give up on a collective before the coordinator gives up on a ticket, so
+        # their failure reports tell it which member hangs
+        timeout = datetime.timedelta(seconds=cfg.timeout_s / 2)
+        rank, size = self.members.index(self.spec.worker_id), len(self.members)
+        prefixed = dist.PrefixStore(f"cpg/{generation}/", self.store)
+        if self.backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.spec.bind_host)]
+        return dist.ProcessGroupGloo(prefixed, rank, size, opts)
+
+    def sync_state(self) -> None:
+        """Everyone takes the lowest member's parameters, momentum and step count."""
+        steps = torch.tensor([float(self.steps)], device=self.device)
+        for buf in (self.flat, self.momentum, steps):
+            self.group.broadcast(buf, 0).wait()
+        self.steps = int(steps.item())
+
+    def recover(self) -> int:
+        """Report the failed all-reduce and join the coordinator's next generation."""
+        self.store.append(C.fail_key(self.generation), f"{self.w},")
+        P.shutdown(self.group)
+        self.group = None
+        key = C.generation_key(self.generation + 1)
+        if not P.wait_key(self.store, key, 2 * self.spec.cfg.timeout_s):
+            raise TimeoutError(f"worker {self.w}: no new group after a failed all-reduce")
+        return self.join(self.generation + 1)
+
+    # -- what the coordinator reads -----------------------------------------------------------
+    def note_lag(self, t: int, entered: float) -> None:
+        """Cut-off: milliseconds from the cut (the time the cut key holds) to this replica's
+        entry into the all-reduce; read after it, off the critical path."""
+        cut = self.store.get(P.cut_key(t)) if self.store.check([P.cut_key(t)]) else None
+        if cut is not None:
+            self.lags_ms.append(max(entered - float(cut.decode()), 0.0) * 1e3)
+
+    @property
+    def lowest(self) -> bool:
+        return self.members[0] == self.spec.worker_id
+
+    def publish(self, t: int) -> None:
+        """The lowest replica publishes the step (its gradient statistics, for the
+        coordinator's noise scale, and the reports the all-reduce carried), the held-out loss
+        when due and its state at each checkpoint."""
+        cfg = self.spec.cfg
+        if not self.lowest:
+            return
+        slots = self.comm_slots.cpu().numpy().tobytes()
+        self.store.set(C.step_key(t), C.encode_step(self.noise_stats, slots))
+        if t % cfg.eval_every == 0:
+            self.store.set(C.eval_key(t), repr(self.evaluate()))
+        if (t + 1) % cfg.record_batch == 0:
+            self.store.set(C.replica_key(t + 1), self.state_bytes())
+
+    def finish(self) -> None:
+        self.store.set(C.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
+        digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
+        self.store.set(C.digest_key(self.w), digest)
+        if self.members and self.lowest:
+            self.store.set(C.eval_key("final"), repr(self.evaluate()))
+            self.store.set(C.replica_key("final"), self.state_bytes())
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        x, y = self.workload.eval_batch
+        return float(self.workload.loss(self.model(x.to(self.device)), y.to(self.device)))
+
+    def state_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        state = {"params": self.flat.cpu(), "momentum": self.momentum.cpu(), "steps": self.steps}
+        torch.save({**state, "noise": self.noise.state_dict()}, buf)
+        return buf.getvalue()
+
+    def load(self, state: dict) -> None:
+        self.flat.copy_(state["params"].to(self.device))
+        self.momentum.copy_(state["momentum"].to(self.device))
+        self.steps = int(state["steps"])
+        if "noise" in state:
+            self.noise.load_state_dict(state["noise"])
+
+
+def replica_main(spec: WorkerSpec) -> None:
+    worker_entry(lambda s: Replica(s).run(), spec)

@@ -1,0 +1,242 @@
+"""The synchronous cutoff iteration both sync variants share (parameter server and collective):
+one iteration reads top to bottom in :meth:`SyncEngine.step` -- choose c, announce, admit tickets
+through the policy driver, close, apply, observe, record, write trace rows.
+
+Admission: a worker whose gradient is ready takes a ticket from the iteration's atomic counter
+(``store.add``) and writes its :class:`WorkerReport` under it. Tickets up to the announced limit
+are admitted (c for a fixed-c policy, whose c-th ticket holder sets the cut key itself; the live
+count for an online policy, whose cut the engine decides). The engine reads tickets in order and
+hands each to :class:`IterationDriver`, which says when the iteration ends; it then closes the
+counter (adds CLOSED: later tickets exceed any limit), sets the cut key and admits whoever took a
+ticket meanwhile.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+
+import numpy as np
+
+from stages.engine import protocol as P
+from stages.engine.base import Engine
+from stages.engine.report import WorkerReport
+from stages.goodput import NoiseScale
+from stages.policies.driver import IterationDriver, Outcome
+from stages.stragglers import parse_stragglers
+
+CLOSE_GRACE_S = 5.0  # how long a closing engine waits for a ticket holder to name itself
+HOLE_GRACE_S = 0.5  # how long a taken ticket may stay nameless before a dead holder is assumed
+
+
+class SyncEngine(Engine):
+    """Cutoff iterations; a variant says how parameters reach the workers (:meth:`announce`),
+    what happens per admitted ticket (:meth:`admitted`) and how the update is applied
+    (:meth:`apply`)."""
+
+    def __init__(self, cfg, store, policy, writer, alive):
+        super().__init__(cfg, store, policy, writer, alive)
+        self.driver = IterationDriver(policy, cfg.workers)
+        self.aborted = False  # the iteration under way ends now, without an update
+        self.announced = -1  # the last iteration announced
+        self.begun = -1  # the last iteration whose c was chosen
+        self.through = -1  # the last iteration the announcements under way cover
+        self.admitting: int | None = None  # the iteration whose tickets are being read
+        self.started, self.sent = 0.0, None  # when it began, and to whom
+        self.holes = 0  # tickets of the iteration under way skipped: their holders died unnamed
+        self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
+        model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
+        self.delays = [model.column(cfg.iterations, cfg.workers, w) for w in range(cfg.workers)]
+
+    def step(self, t: int) -> dict:
+        """Iteration t (announced already at the end of t - 1, unless it is the first): admit,
+        apply, tell the policy; then announce t + 1 at once, so the workers start it while the
+        engine writes t's rows and metrics."""
+        if self.begun != t:
+            self.begin(t)
+        start, sent = self.started, self.live.copy() if self.sent is None else self.sent
+        reports = self.admit(t)
+        out = self.driver.end()
+        iteration_s, extra = self.apply(t, reports, start)
+        self.measure_overhead(iteration_s, out.cut_s)
+        predicted = self.policy.describe()
+        if t + 1 < self.cfg.iterations:
+            self.begin(t + 1)
+        self.add_rows(self.trace_reports(t, out, reports, sent, start), self.cutoff(out, sent))
+        losses = [r.loss for r in reports]
+        values = dict(
+            iteration_s=iteration_s,
+            c=out.c,
+            decision_ms=out.decision_ms,
+            loss=float(np.mean(losses)) if losses else None,
+            chosen_c=out.chosen_c,
+            start_s=start - self.t0,
+            busy_s=float(sum(r.runtime_s for r in reports)),
+            order=list(out.order),  # admitted workers in arrival order (not in the run dir)
+            noise_scale=finite_or_none(self.noise.value),
+            gain=float(self.noise.gain(out.c)) if out.c else None,
+        )
+        return self.record(t, predicted, **{**values, **extra})
+
+    def begin(self, t: int) -> None:
+        """Choose c for iteration t (the policy has observed every iteration before it) and
+        announce it to the live workers, unless it was announced ahead."""
+        self.aborted = False
+        self.reap()
+        self.policy.set_noise_scale(self.noise.value, self.cfg.batch_size)
+        c = self.driver.begin(self.live)
+        self.started, self.sent = time.perf_counter(), self.live.copy()
+        limit = P.ONLINE if self.policy.online else c
+        self.through = t + self.ahead(t)  # the announcements made now hold through this one
+        for k in range(max(self.announced + 1, t), self.through + 1):
+            self.announce(k, limit)
+            self.announced = k
+        self.begun = t
+
+    def ahead(self, t: int) -> int:
+        """Announce through iteration t + ahead(t) with t's c (variants whose workers need not
+        wait for an outcome to learn a c that does not depend on it); none by default."""
+        return 0
+
+    def stop_workers(self, current: int) -> None:
+        """Tell the workers to stop after the last iteration announced (``current``, or the
+        one after it when it was announced early) and cut that one short."""
+        last = max(current, self.announced)
+        try:
+            for t in (last, last + 1):
+                if t >= 0 and not self.store.check([P.go_key(t)]):
+                    self.store.set(P.go_key(t), P.STOP)
+            self.store.set(P.cut_key(max(last, 0)), repr(time.time()))
+        except RuntimeError:
+            pass  # the store is gone: workers will notice and exit on their own
+
+    @abc.abstractmethod
+    def announce(self, t: int, limit: int) -> None:
+        """Start iteration t on every live worker; ``limit`` is c, or ONLINE."""
+
+    def admitted(self, ticket: int, report: WorkerReport) -> None:
+        """Hook: ticket ``ticket`` is admitted (the parameter server posts its receive)."""
+
+    @abc.abstractmethod
+    def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
+        """Apply the admitted gradients; returns the iteration's duration and extra log values
+        (at least ``lr``)."""
+
+    # -- admission ----------------------------------------------------------------------------
+    def admit(self, t: int) -> list[WorkerReport]:
+        """Read tickets in order, each handed to the driver, until it ends the iteration (or
+        every live worker has reported); then close. A ticket whose holder died before naming
+        itself is skipped. The admitted reports, in order."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        reports: list[WorkerReport] = []
+        self.admitting, ticket, self.holes = t, 1, 0
+        while (found := self.wait_arrival(t, ticket, deadline)) is not None:
+            if found:
+                report = self.take(t, ticket, reports)
+                if self.driver.arrive(report.worker, report.runtime_s):
+                    break
+            else:
+                self.holes += 1
+            ticket += 1
+        self.close(t, reports, ticket + 1 if found else ticket)
+        self.admitting = None
+        return reports
+
+    def take(self, t: int, ticket: int, reports: list[WorkerReport]) -> WorkerReport:
+        report = WorkerReport.decode(self.store.get(P.arrival_key(t, ticket)))
+        reports.append(report)
+        self.admitted(ticket, report)
+        return report
+
+    def close(self, t: int, reports: list[WorkerReport], ticket: int) -> None:
+        """No ticket is handed out any more; whoever took an admitted one (``ticket`` on)
+        meanwhile is admitted too. Their reports appear right after their tickets; one that does
+        not within a short grace died in between, and is left to the liveness checks."""
+        total = self.store.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
+        self.store.set(P.cut_key(t), repr(time.time()))
+        limit = self.ticket_limit()
+        grace = time.monotonic() + min(self.cfg.timeout_s, CLOSE_GRACE_S)
+        for k in range(ticket, min(total, limit) + 1):
+            if len(reports) >= limit:
+                return
+            if P.wait_key_until(self.store, P.arrival_key(t, k), grace):
+                report = self.take(t, k, reports)
+                self.driver.arrive(report.worker, report.runtime_s)
+
+    def wait_arrival(self, t: int, ticket: int, deadline: float) -> bool | None:
+        """Whether ``ticket``'s report is in (True), or the ticket is a hole to skip (False: its
+        holder died, or hung, between taking it and naming itself); None ends the admission:
+        every live worker has reported, or the deadline passed (then the workers without a
+        ticket are declared dead)."""
+        key, missing_since = P.arrival_key(t, ticket), None
+        if ticket > self.ticket_limit():
+            return None  # a hole took an admitted ticket: nobody else is admitted
+        while not P.wait_key(self.store, key, 0.05):
+            self.poll()
+            if self.aborted or self.all_reported():
+                return None
+            taken = self.store.add(P.ticket_key(t), 0) >= ticket
+            missing_since = missing_since or (time.monotonic() if taken else None)
+            if missing_since and self.holder_died(missing_since):
+                return False
+            if time.monotonic() > deadline:
+                return self.declare_hung(t, ticket)
+        return True
+
+    def ticket_limit(self) -> int:
+        """The last admitted ticket: c, or for an online iteration the live count announced."""
+        return self.driver.chosen if not self.policy.online else int(self.driver.live.sum())
+
+    def all_reported(self) -> bool:
+        return not (self.live & ~self.driver.arrived).any()
+
+    def holder_died(self, missing_since: float) -> bool:
+        """A taken ticket without a report, for longer than a report takes to write, while more
+        workers of this iteration died unreported than holes were skipped: its holder is dead."""
+        dead = int((self.sent & ~self.live & ~self.driver.arrived).sum())
+        return dead > self.holes and time.monotonic() - missing_since > HOLE_GRACE_S
+
+    def declare_hung(self, t: int, ticket: int) -> bool | None:
+        """The deadline: the live workers that have not reported, and hold no later ticket,
+        are hung and declared dead. If a later ticket holds a report, ``ticket`` was a hung
+        worker's and is skipped (False); otherwise the admission ends (None)."""
+        later = []
+        k = ticket + 1
+        while self.store.check([P.arrival_key(t, k)]):
+            later.append(WorkerReport.decode(self.store.get(P.arrival_key(t, k))).worker)
+            k += 1
+        holders = np.zeros_like(self.live)
+        holders[later] = True
+        self.declare_dead(np.flatnonzero(self.live & ~self.driver.arrived & ~holders))
+        return False if later else None
+
+    def poll(self) -> None:
+        """Checked while waiting for a ticket: deaths (variants add their own checks)."""
+        self.reap()
+
+    # -- trace rows ---------------------------------------------------------------------------
+    def trace_reports(self, t, out: Outcome, reports, sent, start) -> list[WorkerReport]:
+        """One report per worker the iteration was started on: the admitted ones as they
+        reported, every other one censored at the cut (the value the policy observed)."""
+        by_worker = {r.worker: r for r in reports}
+        rows = []
+        for w in map(int, np.flatnonzero(sent)):
+            rep = by_worker.get(w)
+            if rep is None:
+                column = self.delays[w]
+                delay = float(column[t % len(column)])
+                rep = WorkerReport(w, t, start - self.t0, 0.0, np.nan, delay)
+                rep = rep.cut_at(float(out.runtimes[w]))
+            rows.append(rep)
+        return rows
+
+    def cutoff(self, out: Outcome, sent: np.ndarray) -> int | None:
+        """The trace's cutoff column: the c the iteration was run with (an online policy's
+        revised one), or null when every gradient was awaited."""
+        c = out.c if self.policy.online else out.chosen_c
+        return c if c < int(sent.sum()) else None
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """A log value: None for unknown or infinite (Parquet and JSON keep no inf meaningfully)."""
+    return value if value is not None and np.isfinite(value) else None

@@ -1,0 +1,85 @@
+"""Online calibration of the order statistic a cutoff policy waits for.
+
+The recalibration of ``fit`` (:mod:`stages.model.recalibrate`) is measured once, on the first
+half of the held-out part. Where the cluster then changes, it no longer holds: on the benchmark
+clusters the x_(c) of the second half were covered 83% (``syn1``, whose second half had more slow
+spells than its first) and 98% (``load``, whose first half still held the filter's catching up
+with a new load level, its second half not) by central 90% intervals set to cover 90% of the
+first half's.
+
+:class:`OnlineSpread` keeps adjusting the spread of x_(c)'s predictive from the iterations the
+predictor has seen, by adaptive conformal inference (Gibbs and Candes, NeurIPS 2021): after each
+iteration whose x_(c) is shown (the c a cutoff policy would pick from the draws, as in
+:func:`order_statistic_at_cut`), the log of a factor on the spread of the draws' shared level
+moves up by ``STEP * 0.9`` if x_(c) fell outside the draws' central 90% interval and down by
+``STEP * 0.1`` if inside. Over any stretch of iterations the share outside is then 10%, up to
+(the range of the log factor + ``STEP``) / (``STEP`` x the iterations), whatever the cluster does.
+The factor stretches the draws :meth:`stages.model.predictor.RuntimePredictor.sample` returns;
+the joint log-likelihood (``val_nll``) and the draws conditioned on arrivals (``remaining``) are
+the model's without it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+TAIL = 0.05  # the central 90% interval: x_(c) below its 5% or above its 95% point is a miss
+STEP = 0.2  # the move of the log factor per iteration (up 0.18 on a miss, down 0.02 otherwise)
+LOG_LIMITS = (-2.0, 1.0)  # the factor stays within exp(-2) .. exp(1)
+
+
+class OnlineSpread:
+    """The online factor on the spread of each joint draw's shared level (see the module
+    docstring): :meth:`drawn` is told the draws before the iteration, :meth:`update` what it
+    showed."""
+
+    def __init__(self, step: float = STEP) -> None:
+        self.step = step
+        self.log_factor = 0.0
+        self.draws: np.ndarray | None = None
+
+    @property
+    def factor(self) -> float:
+        return math.exp(self.log_factor)
+
+    def drawn(self, draws: np.ndarray) -> None:
+        """(S, N) predictive draws, seconds, of the coming iteration."""
+        self.draws = draws
+
+    def update(self, x: np.ndarray, cens: np.ndarray) -> bool | None:
+        """The iteration drawn for showed (N,) run-times ``x`` (non-finite or non-positive:
+        missing) with censoring flags ``cens``; whether its x_(c) was a miss (None: not shown,
+        or no draws: no move)."""
+        draws, self.draws = self.draws, None
+        if draws is None:
+            return None
+        present = np.isfinite(x) & (x > 0)
+        cut = order_statistic_at_cut(draws, x, np.asarray(cens, dtype=bool) & present, present)
+        if cut is None:
+            return None
+        u = float((cut[1] < cut[2]).mean())
+        miss = u < TAIL or u > 1.0 - TAIL
+        moved = self.log_factor + self.step * (float(miss) - 2 * TAIL)
+        self.log_factor = float(np.clip(moved, *LOG_LIMITS))
+        return miss
+
+
+def order_statistic_at_cut(
+    draws: np.ndarray, x: np.ndarray, cens: np.ndarray, present: np.ndarray
+) -> tuple[int, np.ndarray, float] | None:
+    """The c a cutoff policy would pick from (S, N) predictive ``draws`` of the present workers
+    (the best c / E[x_(c)]), the S predicted draws of x_(c), and x_(c) as the iteration showed
+    it; None where it did not show it exactly (fewer than c exact values below every censoring
+    bound) or nobody was present."""
+    live = draws[:, present]
+    if live.shape[1] == 0:
+        return None
+    ordered = np.sort(live, axis=1)
+    c = int(np.argmax(np.arange(1, live.shape[1] + 1) / ordered.mean(axis=0))) + 1
+    seen = np.sort(x[present & ~cens])
+    bound = x[present & cens].min(initial=np.inf)
+    if seen.size < c or seen[c - 1] > bound:
+        return None
+    return c, ordered[:, c - 1], float(seen[c - 1])

@@ -1,0 +1,262 @@
+"""A bdsgd that watches itself: when its own predictive has been losing, it leans on a simple peer.
+
+The model earns its place only where it beats the simple policies. On a cluster unlike the ones
+it was built for (heavy, nearly independent tails; a load level it was not fitted on) it may
+not, and nothing else would tell. :class:`SelfChecking` runs the simple peers (``ewma`` and
+``ecdf`` with the long-run objective, fixed c) beside the model's policy, *in the shadow*: every
+iteration each expert that did not decide is asked what it would have chosen (from its state
+before the iteration, as if it had decided) and scored on the iteration's actual arrivals:
+
+- its c arrived (c <= the gradients that arrived): the iteration would have taken x_(c), exact;
+- an online expert (``bdsgd``) is replayed arrival by arrival through its own ``revise``, so it
+  is scored on where it would have stopped, not on the c it chose first;
+- it would have waited for gradients that did not arrive (they were cut off, censored): the
+  expected x_(c) under the conditional, given what arrived and that the rest were still
+  running at the cut, of the expert that *decided* the iteration (the referee). Judged by its
+  own conditional instead, an expert that misreads the stragglers flatters itself exactly where
+  the data cannot check it: an ``ewma`` that averages a known slow iteration with the fast ones
+  imputes "the rest arrive just after the cut" and looked 25% better than it was in a test.
+  The referee's view makes the current choice sticky (it judges the others): so an imputed
+  outcome moves a score a quarter as much as an exact one (``IMPUTED_WEIGHT``), and the exact
+  record (an expert whose stop is among the arrivals; every expert on uncensored history)
+  dominates.
+
+Each expert's score is its realised rate, the ratio of exponentially weighted sums of gradients
+and of seconds (about the last 1 / ``alpha`` iterations; a ratio of sums needs no bias correction). The policy follows the
+model unless a peer's rate is ahead of the model's by more than ``margin``; it then plays that
+peer's c, and goes back when the model's rate is again at least the peer's. Iterations observed
+without a decision (a warm-up on recorded history, ``simulate --from-frac``, ``train`` resuming)
+score every expert, so a cluster where the model loses is recognised before the first decision.
+
+Each expert learns from every iteration as usual; its lambda (the going rate of the long-run
+objective) counts its own shadow gradients and seconds, not the played ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stages.policies.base import Policy
+from stages.policies.cutoff import MonteCarloCutoff, sorted_samples
+from stages.policies.driver import IterationDriver
+
+IMPUTED_WEIGHT = 0.25  # an imputed shadow outcome moves a score a quarter as much as an exact one
+
+
+class ShadowScore:
+    """An expert's realised rate: exponentially weighted sums of gradients and seconds."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.gradients = 0.0
+        self.seconds = 0.0
+        self.count = 0
+
+    def update(self, gradients: float, seconds: float, weight: float = 1.0) -> None:
+        a = self.alpha * weight
+        self.gradients = (1 - a) * self.gradients + a * gradients
+        self.seconds = (1 - a) * self.seconds + a * seconds
+        self.count += 1
+
+    def rate(self) -> float:
+        return self.gradients / self.seconds if self.seconds > 0 else 0.0
+
+
+class SelfChecking(Policy):
+    """``own`` (the model's policy) with ``peers`` scored in its shadow; see the module docstring.
+
+    ``describe()`` adds ``peer``: the name of the peer whose c was played, or None while the
+    model decides. :meth:`report` summarises how often, and from when, the policy leaned.
+    """
+
+    def __init__(
+        self,
+        own: MonteCarloCutoff,
+        peers: list[MonteCarloCutoff],
+        alpha: float = 0.01,
+        margin: float = 0.01,
+        min_scored: int = 20,
+    ) -> None:
+        self.own = own
+        self.experts: list[MonteCarloCutoff] = [own, *peers]
+        self.scores = [ShadowScore(alpha) for _ in self.experts]
+        self.margin = margin
+        self.min_scored = min_scored
+        self.name = own.name
+        self.online = own.online
+        self.leader = 0  # index into experts: 0 is the model
+        self._played: int | None = None  # the expert deciding the iteration under way
+        self._shown = 0  # the expert describe() reports on: the one that decided the last
+        self._chosen = 0
+        self._live: np.ndarray | None = None
+        self.decided = 0
+        self.leaned = 0
+        self.first_leaned: int | None = None
+        self.leaned_to: dict[str, int] = {}
+
+    @property
+    def overhead_s(self) -> float:  # type: ignore[override]
+        return self.own.overhead_s
+
+    @overhead_s.setter
+    def overhead_s(self, value: float) -> None:
+        for expert in self.experts:
+            expert.overhead_s = value
+
+    def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
+        for expert in self.experts:
+            expert.set_noise_scale(noise_scale, batch_size)
+
+    def choose(self, live: np.ndarray) -> int:
+        self._live = np.asarray(live, dtype=bool).copy()
+        self._played = self.leader
+        self._chosen = self.experts[self.leader].choose(live)
+        if self.leader:
+            name = self.experts[self.leader].name
+            self.leaned += 1
+            self.leaned_to[name] = self.leaned_to.get(name, 0) + 1
+            self.first_leaned = self.decided if self.first_leaned is None else self.first_leaned
+        self.decided += 1
+        return self._chosen
+
+    def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
+        """The model's online revision while it decides; a peer's c (fixed) while leaning."""
+        expert = self.experts[self._played if self._played is not None else 0]
+        if expert.online:
+            return expert.revise(now_s, runtimes, arrived)
+        return self._chosen
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        """Score every expert on the iteration (the one that decided it exactly, the others in
+        its shadow, before anyone learns from it), then let each learn and pick the leader."""
+        runtimes = np.asarray(runtimes, dtype=float)
+        censored = np.asarray(censored, dtype=bool)
+        arrived = ~censored & np.isfinite(runtimes) & (runtimes > 0)
+        live = self._live if self._live is not None else np.ones(runtimes.shape, dtype=bool)
+        played = self._played
+        outcomes = []
+        for i, expert in enumerate(self.experts):
+            if i == played:
+                seconds = float(runtimes[arrived].max(initial=0.0)) + expert.overhead_s
+                outcomes.append((int(arrived.sum()), seconds, True))
+            else:
+                referee = self.experts[played] if played is not None else expert
+                outcomes.append(shadow_outcome(expert, live, runtimes, arrived, referee))
+        for i, expert in enumerate(self.experts):
+            gradients, seconds, exact = outcomes[i]
+            if i == played:
+                expert.observe(runtimes, censored)
+            else:
+                expert.observe_shadow(runtimes, censored, gradients, seconds)
+            worth = expert.worth_of_count()  # :goodput: gain(k), else k
+            value = gradients if worth is None else worth(gradients)
+            self.scores[i].update(value, seconds, 1.0 if exact else IMPUTED_WEIGHT)
+        self._shown = played if played is not None else self.leader
+        self._played, self._live = None, None
+        self.leader = self.next_leader()
+
+    def next_leader(self) -> int:
+        """The model, unless a peer's rate leads the model's by more than ``margin``. While
+        leaning on a peer: back to the model once its rate is at least that peer's, to another
+        peer only if it leads the one followed by more than ``margin``."""
+        if self.scores[0].count < self.min_scored or len(self.experts) < 2:
+            return 0
+        rates = [s.rate() for s in self.scores]
+        best = 1 + int(np.argmax(rates[1:]))
+        if self.leader:
+            if rates[0] >= rates[self.leader]:
+                return 0
+            return best if rates[best] > rates[self.leader] * (1 + self.margin) else self.leader
+        return best if rates[best] > rates[0] * (1 + self.margin) else 0
+
+    def describe(self) -> dict:
+        played = self._shown if self._played is None else self._played
+        out = dict(self.experts[played].describe())
+        out["peer"] = self.experts[played].name if played else None
+        return out
+
+    def report(self) -> dict:
+        """How often the policy leaned on a peer: iterations decided, leaned (per peer), the
+        first decided iteration it leaned on, and every expert's realised rate (grad/s)."""
+        return {
+            "decided": self.decided,
+            "leaned": self.leaned,
+            "leaned_share": self.leaned / self.decided if self.decided else 0.0,
+            "first_leaned": self.first_leaned,
+            "leaned_to": dict(self.leaned_to),
+            "rates": {
+                e.name: round(s.rate(), 6) for e, s in zip(self.experts, self.scores, strict=True)
+            },
+        }
+
+
+def shadow_outcome(
+    expert: MonteCarloCutoff,
+    live: np.ndarray,
+    runtimes: np.ndarray,
+    arrived: np.ndarray,
+    referee: MonteCarloCutoff | None = None,
+) -> tuple[int, float, bool]:
+    """Gradients and seconds (with the fixed cost) of the iteration had ``expert`` decided it,
+    on its actual arrivals (``arrived`` with their ``runtimes``; the rest cut off at the
+    largest arrival), driven through the same :class:`IterationDriver` as a played iteration
+    (an online expert revises at every arrival); and whether that is exact (its stop is among
+    the arrivals) or imputed, by the ``referee``'s conditional (default: the expert's own); see
+    the module docstring."""
+    driver = IterationDriver(expert, runtimes.size)
+    target = driver.begin(live)
+    order = np.flatnonzero(arrived)[np.argsort(runtimes[arrived], kind="stable")]
+    o = expert.overhead_s
+    if not expert.online and target <= order.size:  # a fixed c among the arrivals: no replay
+        return target, float(runtimes[order[target - 1]]) + o, True
+    for w in order if expert.online else ():
+        if driver.arrive(int(w), float(runtimes[w])):
+            return len(driver.order), float(runtimes[w]) + o, True
+    target = min(driver.target, int(live.sum()))  # beyond the arrivals: it would have waited
+    cut = float(runtimes[order[-1]]) if order.size else 0.0
+    more = beyond_cut(referee or expert, cut, runtimes, arrived, live, target - order.size)
+    return target, more + o, False
+
+
+def beyond_cut(
+    referee: MonteCarloCutoff,
+    cut: float,
+    runtimes: np.ndarray,
+    arrived: np.ndarray,
+    live: np.ndarray,
+    more: int,
+) -> float:
+    """E[time of the ``more``-th arrival after the cut] under the ``referee``'s conditional given
+    the arrivals and that the rest were still running at ``cut`` (the cut itself when it
+    cannot condition)."""
+    waiting = live & ~arrived
+    if not waiting.any():
+        return cut
+    draws = referee.conditional(cut, np.where(arrived, runtimes, 0.0), arrived, waiting)
+    if draws is None or draws.shape[1] == 0:
+        return cut
+    column = min(more, draws.shape[1]) - 1
+    return max(float(sorted_samples(draws)[:, column].mean()), cut)
+
+
+def self_check_report(policy: Policy) -> dict | None:
+    """:meth:`SelfChecking.report` of ``policy`` (or of the policy it wraps, e.g. under
+    ``--explore``); None for a policy that does not watch itself."""
+    while not isinstance(policy, SelfChecking):
+        policy = getattr(policy, "inner", None)
+        if policy is None:
+            return None
+    return policy.report()
+
+
+def lean_message(name: str, report: dict | None) -> str | None:
+    """A warning (rich markup) when a self-checking policy played a peer's c because its own
+    predictive was losing on this cluster; None when it did not, or does not check itself."""
+    if not report or not report["leaned"]:
+        return None
+    peers = ", ".join(f"{peer} {count}" for peer, count in report["leaned_to"].items())
+    return (
+        f"[yellow]{name} leaned on a simple peer in {report['leaned']} of {report['decided']} "
+        f"iterations ({peers}; first at its decision {report['first_leaned']}): its own "
+        "predictive was losing to the peer on this cluster[/]"
+    )

@@ -1,0 +1,201 @@
+"""The collective engine (:class:`Coordinator` + replicas) with real gloo processes and tiny
+configs: exactly c contributions, the update equal to the mean of the admitted workers' own
+gradients, bit-identical replicas (also after a kill and a hang), resume, online revision."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from stages.engine.collective import decode_announcement, encode_announcement, load_replica_state
+from stages.engine.config import EngineConfig, scaled_lr
+from stages.engine.launch import STATE_FILE, run_engine
+from stages.store import TraceStore
+from stages.workloads import load_workload
+from tests.stages.engine import write_replay_trace
+from tests.stages.engine.test_engine import (
+    FAST_S,
+    MID_S,
+    SLOW_S,
+    RecordingStatic,
+    ScriptedOnline,
+    engine_config,
+    kill_worker_at,
+)
+from tests.stages.engine.test_failures import own_gradient
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def collective_config(**overrides) -> EngineConfig:
+    return engine_config(**{"engine": "collective", "run_id": "collective-test", **overrides})
+
+
+def replica_params(run_dir) -> tuple[torch.Tensor, int]:
+    state = torch.load(run_dir / STATE_FILE, weights_only=True)
+    replica = load_replica_state(state["replica"].numpy().tobytes())
+    return replica["params"], replica["steps"]
+
+
+@pytest.fixture(scope="module")
+def slow_worker_run(tmp_path_factory):
+    """static:3 of 4 replicas; worker 1's injected delay is 0.5 s, the others' 5 ms."""
+    tmp = tmp_path_factory.mktemp("collective-slow")
+    replay = write_replay_trace(tmp / "replay", [[FAST_S, SLOW_S, FAST_S, FAST_S]] * 4)
+    cfg = collective_config(stragglers=f"replay:{replay}")
+    policy = RecordingStatic(3)
+    result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None, run_dir=tmp / "run")
+    return cfg, policy, result, TraceStore(tmp / "traces").read(), tmp / "run"
+
+
+def test_every_iteration_admits_exactly_c_and_cuts_the_slow_worker(slow_worker_run):
+    cfg, policy, result, rows, _ = slow_worker_run
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert result.log["c"] == [3] * cfg.iterations
+    assert rows.height == cfg.iterations * cfg.workers
+    slow = rows.filter(pl.col("worker") == 1)
+    assert slow["censored"].all() and not rows.filter(pl.col("worker") != 1)["censored"].any()
+    assert slow["injected_delay_s"].to_list() == pytest.approx([SLOW_S] * cfg.iterations)
+    for runtimes, censored in policy.observed:  # what the policy saw is what the trace holds
+        assert censored.tolist() == [False, True, False, False]
+        assert runtimes[1] == runtimes[~censored].max()
+    cut = rows.filter(pl.col("censored")).sort("iteration")["runtime_s"].to_numpy()
+    seen = np.array([r[1] for r, _ in policy.observed])
+    assert np.array_equal(cut, np.maximum(seen, 1e-6))
+
+
+def test_replicas_stay_bit_identical(slow_worker_run):
+    cfg, _, result, _, run_dir = slow_worker_run
+    assert len(result.extras["replica_digests"]) == cfg.workers
+    assert result.extras["replicas_identical"]
+    params, steps = replica_params(run_dir)
+    assert steps == cfg.iterations
+    assert result.extras["join_lag_ms_p50"] >= 0.0
+
+
+def test_the_update_is_the_mean_of_the_admitted_workers_own_gradients(tmp_path):
+    """One iteration, worker 1 cut off: the replicas' parameters equal the initial ones minus
+    lr(3 of 4) times the mean of workers 0, 2 and 3's gradients, computed here independently."""
+    replay = write_replay_trace(tmp_path / "replay", [[FAST_S, SLOW_S, FAST_S, FAST_S]])
+    cfg = collective_config(iterations=1, stragglers=f"replay:{replay}")
+    run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None, tmp_path / "run")
+    params, _ = replica_params(tmp_path / "run")
+    grads = [own_gradient(cfg, w) for w in (0, 2, 3)]
+    workload = load_workload(cfg.workload, seed=cfg.seed)
+    init = torch.cat([p.detach().reshape(-1) for p in workload.model.parameters()])
+    expected = init - scaled_lr(cfg, 3, 4) * torch.stack(grads).mean(0)
+    assert torch.allclose(params, expected, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(params, init - scaled_lr(cfg, 4, 4) * own_gradient(cfg, 1))
+
+
+def test_an_online_policy_admits_its_revised_c(tmp_path):
+    replay = write_replay_trace(tmp_path / "replay", [[FAST_S, FAST_S, MID_S, SLOW_S]] * 6)
+    cfg = collective_config(iterations=6, stragglers=f"replay:{replay}")
+    policy = ScriptedOnline()
+    result = run_engine(cfg, policy, tmp_path / "traces", lambda t, row: None)
+    assert result.log["c"] == [3] * cfg.iterations
+    assert len(policy.revisions) == 3 * cfg.iterations
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.filter(pl.col("worker") == 3)["censored"].all()
+    assert rows["cutoff"].to_list() == [3] * rows.height
+    assert result.extras["replicas_identical"]
+
+
+def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path):
+    cfg = collective_config(iterations=20, stragglers="synthetic:base_s=0.005")
+    policy = RecordingStatic(4)
+    result = run_engine(cfg, policy, tmp_path / "traces", kill_worker_at(8, "bdsgd-worker-1"))
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert list(result.dead_workers) == [1]
+    assert result.log["workers"][-1] == 3 and result.log["c"][-1] == 3
+    assert sorted(result.extras["replica_digests"]) == ["0", "2", "3"]
+    assert result.extras["replicas_identical"]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.filter(pl.col("worker") == 1)["iteration"].max() <= result.dead_workers[1]
+
+
+def test_a_hung_replica_is_found_by_the_failed_all_reduce(tmp_path):
+    """Worker 2 stops (SIGSTOP) while alive: the others' all-reduce times out, they report it,
+    the coordinator declares the silent member dead and the run goes on without it."""
+    cfg = collective_config(iterations=14, timeout_s=10.0, stragglers="synthetic:base_s=0.005")
+
+    def on_iteration(t: int, row: dict) -> None:
+        if t == 4:
+            victim = [p for p in multiprocessing.active_children() if p.name == "bdsgd-worker-2"]
+            os.kill(victim[0].pid, signal.SIGSTOP)
+
+    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", on_iteration)
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert list(result.dead_workers) == [2]
+    assert result.log["workers"][-1] == 3
+    assert sorted(result.extras["replica_digests"]) == ["0", "1", "3"]
+    assert result.extras["replicas_identical"]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+
+
+def test_resume_continues_from_the_replica_state(tmp_path):
+    cfg = collective_config(iterations=10, stragglers="synthetic:base_s=0.005")
+    run_dir = tmp_path / "run"
+    run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None, run_dir)
+    first, steps = replica_params(run_dir)
+    assert steps == 10
+    state = torch.load(run_dir / STATE_FILE, weights_only=True)
+    longer = collective_config(iterations=15, stragglers="synthetic:base_s=0.005")
+    result = run_engine(
+        longer, RecordingStatic(3), tmp_path / "traces", lambda t, r: None, run_dir, state
+    )
+    assert result.log["iteration"] == list(range(15))
+    after, steps = replica_params(run_dir)
+    assert steps == 15 and not torch.equal(first, after)
+    assert result.extras["replicas_identical"]
+
+
+@pytest.mark.parametrize("engine", ["collective", "ps"])
+def test_both_engines_estimate_the_noise_scale_and_push_it_to_the_policy(tmp_path, engine):
+    """static:3 of 4 (three gradients an iteration): the engine logs a noise scale and gain per
+    iteration once it has gradients to estimate from, and the policy is told before choosing.
+    Early on the gradient dominates its noise, so the first iterations all have a finite
+    estimate; near the optimum the noise can drown the signal (the estimate is inf, logged as
+    None), so later iterations are not required to have one."""
+    cfg = collective_config(engine=engine, iterations=12, stragglers="synthetic:base_s=0.005")
+    policy = RecordingStatic(3)
+    result = run_engine(cfg, policy, tmp_path / "traces", lambda t, r: None)
+    logged = result.log["noise_scale"]
+    assert all(v is not None for v in logged[2:6]), logged
+    scales = [v for v in logged if v is not None]
+    assert len(scales) >= cfg.iterations // 2 and all(v > 0 for v in scales)
+    assert all(1.0 <= g <= 3.0 for g in result.log["gain"] if g is not None)
+    assert policy.noise_scale is not None and policy.batch_size == cfg.batch_size
+
+
+@pytest.mark.parametrize("live", [0, 1])
+def test_an_announcement_is_one_integer(live):
+    cases = [(0, 0, 0), (0, 1, 8), (3, 1000, 255), (1 << 20, (1 << 23) - 1, 7)]
+    for generation, limit, span in cases:
+        code = encode_announcement(generation, limit, live, span)
+        assert code >= 1  # 0 means "not announced yet"
+        assert decode_announcement(code) == (generation, limit, live, span)
+
+
+def test_an_adaptive_fixed_c_reads_the_arrivals_live_with_the_same_outcome(tmp_path):
+    """The same static:3 marked adaptive (as ewma or ecdf are): the coordinator reads the
+    tickets as they come, not the reports the all-reduce carries; same c, same censoring."""
+    replay = write_replay_trace(tmp_path / "replay", [[FAST_S, SLOW_S, FAST_S, FAST_S]] * 4)
+    cfg = collective_config(stragglers=f"replay:{replay}", iterations=8)
+    policy = RecordingStatic(3)
+    policy.adaptive = True
+    result = run_engine(cfg, policy, tmp_path / "traces", lambda t, row: None)
+    assert result.log["c"] == [3] * cfg.iterations
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == cfg.iterations * cfg.workers
+    assert rows.filter(pl.col("censored"))["worker"].to_list() == [1] * cfg.iterations
+    for _, censored in policy.observed:
+        assert censored.tolist() == [False, True, False, False]
+    assert result.extras["replicas_identical"]

@@ -1,0 +1,55 @@
+"""The GPU path: CUDA-event timing, device placement, the backend choice, and a collective run of
+replicas sharing one GPU over gloo (and NCCL at world size 1). Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.engine.launch import run_engine
+from stages.store import TraceStore
+from stages.workloads import backend_for, load_workload, resolve_device
+from tests.stages.engine.test_collective import collective_config
+from tests.stages.engine.test_engine import RecordingStatic
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_cpu_placement_and_gloo_without_a_gpu():
+    assert resolve_device("cpu", 4) == torch.device("cpu")
+    assert backend_for(torch.device("cpu"), 4) == "gloo"
+    if not torch.cuda.is_available():
+        assert resolve_device("auto", 4) == torch.device("cpu")
+
+
+def test_the_transformer_workload_learns_on_the_cpu():
+    workload = load_workload("transformer", seed=0)
+    opt = torch.optim.SGD(workload.model.parameters(), lr=0.3)
+    gen = torch.Generator().manual_seed(1)
+    x, y = workload.eval_batch
+    before = float(workload.loss(workload.model(x), y))
+    for _ in range(15):
+        xb, yb = workload.batch(gen, 16)
+        opt.zero_grad()
+        workload.loss(workload.model(xb), yb).backward()
+        opt.step()
+    assert float(workload.loss(workload.model(x), y)) < before
+
+
+@cuda
+def test_replicas_share_one_gpu_over_gloo_and_time_with_cuda_events(tmp_path):
+    cfg = collective_config(device="cuda", iterations=8, workload="transformer", batch_size=8,
+                            stragglers="synthetic:base_s=0.005")  # fmt: skip
+    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None)
+    assert result.log["c"] == [3] * cfg.iterations
+    assert result.extras["replicas_identical"] and result.extras["device"] == "cuda"
+    rows = TraceStore(tmp_path / "traces").read()
+    assert set(rows["device"].to_list()) == {"cuda"}
+
+
+@cuda
+def test_nccl_at_world_size_one(tmp_path):
+    cfg = collective_config(device="cuda", workers=1, iterations=5, hosts=("h0",))
+    assert backend_for(torch.device("cuda", 0), 1) == "nccl"
+    result = run_engine(cfg, RecordingStatic(1), tmp_path / "traces", lambda t, r: None)
+    assert result.log["iteration"] == list(range(5)) and result.extras["replicas_identical"]

@@ -1,0 +1,71 @@
+"""The shared synchronous admission (:class:`SyncEngine`), driven by hand on an in-memory store:
+tickets whose holders died before naming themselves."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from stages.engine import protocol as P
+from stages.engine.report import WorkerReport
+from stages.engine.sync import SyncEngine
+from stages.policies.cutoff import StaticCutoff
+from tests.stages.engine.test_engine import engine_config
+
+
+class HandDriven(SyncEngine):
+    """A sync engine with nothing behind it: the test plays the workers through the store."""
+
+    def announce(self, t, limit):
+        self.limits = [*getattr(self, "limits", []), limit]
+
+    def apply(self, t, reports, start):
+        return 0.0, {"lr": 0.0}
+
+    def finish(self, current):
+        pass
+
+    def parameter_state(self):
+        return {}
+
+    def load_parameter_state(self, state):
+        pass
+
+
+def dies_after_first_check(victim: int):
+    """Liveness where ``victim`` is alive when the iteration begins and dead from then on."""
+    seen: set[int] = set()
+
+    def alive(w: int) -> bool:
+        if w != victim:
+            return True
+        first = w not in seen
+        seen.add(w)
+        return first
+
+    return alive
+
+
+def take(store, t: int, worker: int, name: bool = True) -> int:
+    ticket = store.add(P.ticket_key(t), 1)
+    if name:
+        store.set(
+            P.arrival_key(t, ticket), WorkerReport(worker, t, 0.0, 0.01 * ticket, 1.0, 0.0).encode()
+        )
+    return ticket
+
+
+def test_a_ticket_whose_holder_died_unnamed_is_skipped():
+    """static:3 of 4: worker 1 takes ticket 1 and dies before writing its report; workers 0 and
+    2 hold tickets 2 and 3 (admitted), worker 3 ticket 4 (cut). The engine skips the hole instead
+    of waiting on it until the deadline and declaring the live workers dead."""
+    cfg = engine_config(timeout_s=60.0)
+    store = dist.HashStore()
+    engine = HandDriven(cfg, store, StaticCutoff(3), None, dies_after_first_check(1))
+    engine.begin(0)
+    for worker, name in ((1, False), (0, True), (2, True), (3, False)):
+        take(store, 0, worker, name)
+    reports = engine.admit(0)
+    assert [r.worker for r in reports] == [0, 2]
+    assert engine.dead_at == {1: 0}
+    assert engine.live.tolist() == [True, False, True, True]
+    assert engine.holes == 1

@@ -1,0 +1,72 @@
+"""The online factor on x_(c)'s spread: adaptive conformal inference on the order statistic."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from stages.fit import FitConfig, run_fit
+from stages.model.checkpoint import load_checkpoint
+from stages.model.online import STEP, TAIL, OnlineSpread, order_statistic_at_cut
+from stages.store import TraceStore, matrix_rows
+from tests.stages.model.test_recalibrate import order_stat_coverage, shared_cluster
+
+
+def normal_draws(rng, spread: float, samples: int = 256, workers: int = 8) -> np.ndarray:
+    """(S, N) draws whose every worker moves with a shared N(0, spread^2) level."""
+    level = rng.normal(0.0, spread, (samples, 1))
+    return np.exp(level + 0.1 * rng.standard_normal((samples, workers)))
+
+
+def shown(rng, spread: float, workers: int = 8) -> np.ndarray:
+    return np.exp(rng.normal(0.0, spread) + 0.1 * rng.standard_normal(workers))
+
+
+def test_a_predictive_too_sure_widens_and_one_too_vague_narrows():
+    rng = np.random.default_rng(0)
+    sure, vague = OnlineSpread(), OnlineSpread()
+    for _ in range(50):
+        for online, spread in ((sure, 0.01), (vague, 2.0)):
+            online.drawn(normal_draws(rng, spread))
+            online.update(shown(rng, 0.3), np.zeros(8, bool))
+    assert sure.factor > 1.5 and vague.factor < 0.7
+
+
+def test_a_miss_moves_up_by_nine_times_what_a_hit_moves_down():
+    rng = np.random.default_rng(1)
+    online, draws = OnlineSpread(), normal_draws(rng, 0.3)
+    online.drawn(draws)
+    assert online.update(np.full(8, 50.0), np.zeros(8, bool)) is True  # far above every draw
+    assert np.isclose(online.log_factor, STEP * (1 - 2 * TAIL))
+    online.drawn(draws)
+    c, predicted, _ = order_statistic_at_cut(draws, draws[0], np.zeros(8, bool), np.ones(8, bool))
+    x = np.full(8, 50.0)
+    x[:c] = np.median(predicted)  # x_(c) at the draws' median
+    assert online.update(x, np.zeros(8, bool)) is False
+    assert np.isclose(online.log_factor, STEP * (1 - 4 * TAIL))
+
+
+def test_nothing_moves_without_draws_or_where_x_c_is_not_shown():
+    online = OnlineSpread()
+    assert online.update(np.ones(8), np.zeros(8, bool)) is None  # nothing drawn
+    online.drawn(normal_draws(np.random.default_rng(2), 0.3))
+    censored = np.ones(8, bool)  # every worker cut off: x_(c) unseen
+    assert online.update(np.full(8, 0.01), censored) is None and online.log_factor == 0.0
+
+
+def test_the_online_factor_covers_x_c_where_the_cluster_changed_after_the_fit(tmp_path):
+    # fitted where workers share no slowdown, replayed where they share one (sd 0.4): the model's
+    # x_(c) is far too sure (about half covered); adjusted online, most of it is covered again
+    calm = shared_cluster(300, 12, shared_sd=0.0, seed=1)
+    TraceStore(tmp_path / "t").append(matrix_rows(calm))
+    config = FitConfig(
+        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=20, window=16, batch=4,
+        holdout=0.0, progress=False,
+    )  # fmt: skip
+    run_fit(config)
+    ckpt = dataclasses.replace(load_checkpoint(tmp_path / "m.pt"), common=(0.0, 0.0, 1.0, 1.0))
+    wild = shared_cluster(400, 12, shared_sd=0.4, seed=5)
+    fixed = order_stat_coverage(ckpt, wild, 100, online=False)
+    adjusted = order_stat_coverage(ckpt, wild, 100, online=True)
+    assert fixed < 0.6 and 0.75 < adjusted <= 0.97

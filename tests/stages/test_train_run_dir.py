@@ -1,0 +1,129 @@
+"""The train stage's run directory: what ``--out`` may be, ``--force``, the undo of a rejected
+run, and what ``--resume`` trusts of a run directory (not its workload's code)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stages.errors import ConfigError
+from stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
+
+
+def config(tmp_path, **overrides) -> TrainConfig:
+    values = dict(
+        workers=2, iterations=4, policy="static:1", traces=tmp_path / "t", out=tmp_path / "o"
+    )
+    return TrainConfig(**{**values, **overrides})
+
+
+def test_a_new_path_is_created_and_undone_level_by_level(tmp_path):
+    cfg = config(tmp_path, out=tmp_path / "a" / "b" / "run")
+    undo = prepare_run_dir(cfg)
+    assert json.loads((cfg.out / CONFIG_FILE).read_text())["policy"] == "static:1"
+    undo()
+    assert not (tmp_path / "a").exists()
+
+
+def test_an_empty_directory_is_used_and_kept_on_undo(tmp_path):
+    cfg = config(tmp_path)
+    cfg.out.mkdir()
+    undo = prepare_run_dir(cfg)
+    assert (cfg.out / CONFIG_FILE).is_file()
+    undo()
+    assert cfg.out.is_dir() and not any(cfg.out.iterdir())
+
+
+def test_a_directory_of_other_files_is_refused_and_left_alone(tmp_path):
+    cfg = config(tmp_path)
+    cfg.out.mkdir()
+    (cfg.out / CONFIG_FILE).write_text("the user's own config")
+    (cfg.out / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not empty and not a bdsgd run: .*--force"):
+        prepare_run_dir(cfg)
+    assert (cfg.out / CONFIG_FILE).read_text() == "the user's own config"
+    assert (cfg.out / "summary.json").read_text() == "{}"
+
+
+def test_a_directory_holding_a_run_points_to_resume(tmp_path):
+    cfg = config(tmp_path)
+    cfg.out.mkdir()
+    (cfg.out / RUN_FILES[0]).write_bytes(b"state")
+    with pytest.raises(ConfigError, match=f"already holds a run: pass --resume {cfg.out}"):
+        prepare_run_dir(cfg)
+    assert (cfg.out / RUN_FILES[0]).read_bytes() == b"state"
+
+
+def test_force_replaces_a_previous_runs_files_and_nothing_else(tmp_path):
+    cfg = config(tmp_path, force=True)
+    cfg.out.mkdir()
+    for name in (*RUN_FILES, CONFIG_FILE, "notes.txt"):
+        (cfg.out / name).write_text("old")
+    prepare_run_dir(cfg)
+    assert sorted(p.name for p in cfg.out.iterdir()) == [CONFIG_FILE, "notes.txt"]
+    assert json.loads((cfg.out / CONFIG_FILE).read_text())["force"] is True
+    assert (cfg.out / "notes.txt").read_text() == "old"
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "o").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        prepare_run_dir(config(tmp_path))
+
+
+def test_an_unwritable_out_is_one_error(tmp_path):
+    """A path under a file cannot be created, whoever runs the test (root included)."""
+    (tmp_path / "file").write_text("x")
+    cfg = config(tmp_path, out=tmp_path / "file" / "run")
+    with pytest.raises(ConfigError, match="cannot write the run directory"):
+        prepare_run_dir(cfg)
+
+
+# -- resume: the run directory does not name code --------------------------------------------
+def write_run_dir(tmp_path, **changes) -> TrainConfig:
+    cfg = config(tmp_path)
+    cfg.out.mkdir()
+    data = {**cfg.to_json(), **changes}
+    (cfg.out / CONFIG_FILE).write_text(json.dumps(data))
+    return cfg
+
+
+def test_resume_of_a_code_workload_asks_for_it_again(tmp_path):
+    cfg = write_run_dir(tmp_path, workload="somewhere:make")
+    with pytest.raises(ConfigError, match="'somewhere:make', which is code: pass --workload"):
+        resume_config(cfg.out)
+    with pytest.raises(ConfigError, match="not --workload 'other:make'"):
+        resume_config(cfg.out, workload="other:make")
+    assert resume_config(cfg.out, workload="somewhere:make").workload == "somewhere:make"
+
+
+def test_resume_of_a_built_in_workload_needs_no_flag_but_checks_one_given(tmp_path):
+    cfg = write_run_dir(tmp_path)
+    assert resume_config(cfg.out).workload == "mlp"
+    assert resume_config(cfg.out, workload="mlp").workload == "mlp"
+    with pytest.raises(ConfigError, match="names workload 'mlp', not --workload 'cnn'"):
+        resume_config(cfg.out, workload="cnn")
+
+
+@pytest.mark.parametrize(
+    "content", ['{"workers": 2, "bogus": 1}', "[1, 2]", "not json", '{"workers": 2}']
+)
+def test_a_tampered_config_is_one_error(tmp_path, content):
+    cfg = write_run_dir(tmp_path)
+    (cfg.out / CONFIG_FILE).write_text(content)
+    with pytest.raises(ConfigError, match="config|JSON"):
+        resume_config(cfg.out)
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        (dict(timeout_s=float("nan")), "--timeout must be a finite number"),
+        (dict(timeout_s=float("inf")), "--timeout must be a finite number"),
+        (dict(lr=float("nan")), "--lr must be a finite number"),
+    ],
+)
+def test_non_finite_numbers_are_refused(tmp_path, bad, needle):
+    with pytest.raises(ConfigError, match=needle):
+        config(tmp_path, **bad)
