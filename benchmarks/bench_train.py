@@ -9,7 +9,8 @@ that ``full`` reaches at 60% of its iterations.
 
 Reproduce: ``make bench`` (or ``python -m benchmarks.run --only train``); the goodput
 time-to-loss tables alone: ``python -c "from benchmarks.bench_train import goodput_only;
-print(goodput_only())"``.
+print(goodput_only())"``; the engines-and-policies table alone: ``policies_only``; the
+overhead table alone: ``overhead_section(False)``.
 """
 
 from __future__ import annotations
@@ -112,6 +113,19 @@ def train_run(root: Path, late: Path, ckpt: Path, iterations: int, spec: str, **
 
 
 def train_section(root: Path, quick: bool) -> str:
+    late, fitted = fit_cluster(root, quick)
+    lines = policy_table(root, late, fitted, quick)
+    goodput = [
+        goodput_section(root, late, root / "model.pt", 20.0 if quick else 60.0, batch)
+        for batch in GOODPUT_BATCHES
+    ]
+    lines += ["", "### Goodput: time to loss with the progress-per-second objective", ""]
+    lines += "\n\n".join(goodput).splitlines()
+    return "\n".join(lines)
+
+
+def fit_cluster(root: Path, quick: bool) -> tuple[Path, str]:
+    """The held-out cluster (early part fitted, late part replayed) and a line on the fit."""
     early, late = write_cluster(root, total=1000 if quick else 2000, split=0.7)
     began = time.perf_counter()
     fit = run_fit(
@@ -119,18 +133,21 @@ def train_section(root: Path, quick: bool) -> str:
             traces=early, checkpoint=root / "model.pt", steps=300 if quick else 1000, progress=False
         )
     )
-    fit_s = time.perf_counter() - began
+    fitted = (
+        f"model fitted in {time.perf_counter() - began:.0f} s (val_nll {fit.val_nll:.3f} vs "
+        f"window {fit.baseline_nll['window']:.3f}, ewma {fit.baseline_nll['ewma']:.3f})"
+    )
+    return late, fitted
+
+
+def policy_table(root: Path, late: Path, fitted: str, quick: bool) -> list[str]:
+    """Every policy on both engines on the held-out cluster, one row each."""
     runs = policy_runs(root, late, root / "model.pt", 80 if quick else 200)
-    goodput = [
-        goodput_section(root, late, root / "model.pt", 20.0 if quick else 60.0, batch)
-        for batch in GOODPUT_BATCHES
-    ]
     full_loss = [x for x in runs["collective/full"]["log"]["loss"] if x is not None]
     mid = int(0.6 * len(full_loss))
     target = float(np.mean(full_loss[mid - 5 : mid + 5]))
     lines = [
-        f"Emulated cluster: N={WORKERS}, held-out replay; model fitted in {fit_s:.0f} s "
-        f"(val_nll {fit.val_nll:.3f} vs window {fit.baseline_nll['window']:.3f}, ewma {fit.baseline_nll['ewma']:.3f}). "
+        f"Emulated cluster: N={WORKERS}, held-out replay; {fitted}. "
         f"time_to_loss target: the smoothed training loss collective `full` reaches at 60% of "
         f"its iterations, {target:.3f}. Best static per engine in **bold**.",
         "",
@@ -150,18 +167,22 @@ def train_section(root: Path, quick: bool) -> str:
             f"{s['final_loss']:.3f} | {'-' if ttl is None else f'{ttl:.1f}'} | {s['wall_s']:.1f} | "
             f"{s['decision_ms_p50']:.2f} / {s['decision_ms_p99']:.2f} | {s['idle_fraction']:.2f} | {lag} | {censored} |"
         )
-    lines += ["", "### Goodput: time to loss with the progress-per-second objective", ""]
-    lines += "\n\n".join(goodput).splitlines()
-    return "\n".join(lines)
+    return lines
+
+
+def policies_only(quick: bool = False) -> str:
+    """The engines-and-policies table alone (no goodput runs)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        late, fitted = fit_cluster(root, quick)
+        return "\n".join(policy_table(root, late, fitted, quick))
 
 
 def goodput_only(quick: bool = False) -> str:
     """The goodput tables alone: the cluster, the fit, and :func:`goodput_section` per batch."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        early, late = write_cluster(root, total=1000 if quick else 2000, split=0.7)
-        steps = 300 if quick else 1000
-        run_fit(FitConfig(traces=early, checkpoint=root / "model.pt", steps=steps, progress=False))
+        late, _ = fit_cluster(root, quick)
         return "\n\n".join(
             goodput_section(root, late, root / "model.pt", 20.0 if quick else 60.0, batch)
             for batch in GOODPUT_BATCHES

@@ -64,9 +64,10 @@ class SyncEngine(Engine):
             self.begin(t + 1)
         self.add_rows(self.trace_reports(t, out, reports, sent, start), self.cutoff(out, sent))
         losses = [r.loss for r in reports]
+        applied = len(reports)  # out.c less any gradient lost with its worker (see apply)
         values = dict(
             iteration_s=iteration_s,
-            c=out.c,
+            c=applied,
             decision_ms=out.decision_ms,
             loss=float(np.mean(losses)) if losses else None,
             chosen_c=out.chosen_c,
@@ -74,7 +75,7 @@ class SyncEngine(Engine):
             busy_s=float(sum(r.runtime_s for r in reports)),
             order=list(out.order),  # admitted workers in arrival order (not in the run dir)
             noise_scale=finite_or_none(self.noise.value),
-            gain=float(self.noise.gain(out.c)) if out.c else None,
+            gain=float(self.noise.gain(applied)) if applied else None,
         )
         return self.record(t, predicted, **{**values, **extra})
 

@@ -69,3 +69,31 @@ def test_a_ticket_whose_holder_died_unnamed_is_skipped():
     assert engine.dead_at == {1: 0}
     assert engine.live.tolist() == [True, False, True, True]
     assert engine.holes == 1
+
+
+class LosesFirstGradient(HandDriven):
+    """As the parameter server does when an admitted worker dies before its gradient lands:
+    the report is removed and its worker declared dead."""
+
+    def apply(self, t, reports, start):
+        lost = reports[0].worker
+        reports[:] = reports[1:]
+        self.declare_dead([lost])
+        return 0.0, {"lr": 0.0}
+
+
+def test_the_logged_c_counts_the_gradients_applied_not_those_lost():
+    """static:3 of 4, all three admitted name themselves, the first one's gradient is lost: the
+    iteration applied 2, with 3 workers left alive, and logs c = 2 (never more than the live)."""
+    cfg = engine_config(timeout_s=60.0)
+    store = dist.HashStore()
+    engine = LosesFirstGradient(cfg, store, StaticCutoff(3), None, lambda w: True)
+    rows: list = []
+    engine.add_rows = lambda *args: rows.append(args)
+    engine.begin(0)
+    for worker in (2, 0, 1, 3):
+        take(store, 0, worker)
+    engine.step(0)
+    assert engine.log.rows["c"] == [2]
+    assert engine.log.rows["workers"] == [3]
+    assert engine.live.tolist() == [True, True, False, True]
