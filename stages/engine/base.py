@@ -11,8 +11,11 @@ worker replicas) and :class:`stages.engine.async_server.AsyncServer` (k-async, a
 from __future__ import annotations
 
 import abc
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +32,26 @@ from stages.workloads import Workload
 
 STATE_VERSION = 2
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C during the block is raised when it ends, so what the block writes together (an
+    iteration's trace rows and its metrics row) lands together or not at all. Outside the main
+    thread (where Python delivers signals) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(
+            signal.SIGINT, previous if previous is not None else signal.default_int_handler
+        )
+        if caught:
+            raise KeyboardInterrupt
 
 
 @dataclass

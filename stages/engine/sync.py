@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from stages.engine import protocol as P
-from stages.engine.base import Engine
+from stages.engine.base import Engine, interrupts_deferred
 from stages.engine.report import WorkerReport
 from stages.goodput import NoiseScale
 from stages.policies.driver import IterationDriver, Outcome
@@ -62,7 +62,7 @@ class SyncEngine(Engine):
         predicted = self.policy.describe()
         if t + 1 < self.cfg.iterations:
             self.begin(t + 1)
-        self.add_rows(self.trace_reports(t, out, reports, sent, start), self.cutoff(out, sent))
+        trace_rows = self.trace_reports(t, out, reports, sent, start)
         losses = [r.loss for r in reports]
         applied = len(reports)  # out.c less any gradient lost with its worker (see apply)
         values = dict(
@@ -77,7 +77,9 @@ class SyncEngine(Engine):
             noise_scale=finite_or_none(self.noise.value),
             gain=float(self.noise.gain(applied)) if applied else None,
         )
-        return self.record(t, predicted, **{**values, **extra})
+        with interrupts_deferred():  # the trace and the iteration log agree after Ctrl-C
+            self.add_rows(trace_rows, self.cutoff(out, sent))
+            return self.record(t, predicted, **{**values, **extra})
 
     def begin(self, t: int) -> None:
         """Choose c for iteration t (the policy has observed every iteration before it) and

@@ -3,9 +3,14 @@ tickets whose holders died before naming themselves."""
 
 from __future__ import annotations
 
+import os
+import signal
+
+import pytest
 import torch.distributed as dist
 
 from stages.engine import protocol as P
+from stages.engine.base import interrupts_deferred
 from stages.engine.report import WorkerReport
 from stages.engine.sync import SyncEngine
 from stages.policies.cutoff import StaticCutoff
@@ -97,3 +102,20 @@ def test_the_logged_c_counts_the_gradients_applied_not_those_lost():
     assert engine.log.rows["c"] == [2]
     assert engine.log.rows["workers"] == [3]
     assert engine.live.tolist() == [True, True, False, True]
+
+
+def test_ctrl_c_between_an_iterations_writes_is_raised_after_them():
+    """The trace rows and the metrics row of an iteration land together: a SIGINT between them
+    is held until both are written, then raised; the handler before the block is back."""
+    before = signal.getsignal(signal.SIGINT)
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            written.append("trace rows")
+            os.kill(os.getpid(), signal.SIGINT)
+            written.append("metrics row")
+    assert written == ["trace rows", "metrics row"]
+    assert signal.getsignal(signal.SIGINT) is before
+    with interrupts_deferred():  # no signal: nothing raised
+        written.append("next")
+    assert written[-1] == "next"
