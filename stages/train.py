@@ -320,18 +320,19 @@ def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: in
 def run_with_live_view(cfg, engine_cfg, policy, state, stop: StopRule) -> EngineResult:
     with progress() as bar:
         task = bar.add_task(f"train {policy.name}", total=cfg.iterations, status="")
-        dropped = 0
+        dropped, gradients, seconds = 0, 0, 0.0
 
         def on_iteration(t: int, row: dict) -> None:
-            nonlocal dropped
+            nonlocal dropped, gradients, seconds
             dropped += row["workers"] - row["c"]
+            gradients, seconds = gradients + row["c"], seconds + row["iteration_s"]
             loss = f"{row['loss']:.3f}" if row["loss"] is not None else "-"
             late = (
                 f"staleness {row['staleness']:.1f}"
                 if policy.mode == "k-async"
                 else f"dropped {dropped}"
             )
-            rate = row["c"] / max(row["iteration_s"], 1e-9)
+            rate = gradients / max(seconds, 1e-9)  # so far, as the summary's throughput
             bar.update(
                 task,
                 completed=t + 1,
