@@ -49,10 +49,15 @@ def engine_config(**overrides) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def slow_worker_run(tmp_path_factory):
-    """k-async:2 of 3 workers; worker 2's injected delay is 0.3 s, the others' 10 ms."""
+    """k-async:2 of 3 workers; worker 2's injected delay is 0.3 s, the others' 10 ms. An update
+    takes at least FAST_S (two fast gradients, each at least FAST_S), so 72 updates last at least
+    0.72 s: the slow gradient lands at least twice however fast the machine (24 could all end
+    before the first one, 0.24 s)."""
     tmp = tmp_path_factory.mktemp("async")
     replay = write_replay_trace(tmp / "replay", [[FAST_S, FAST_S, SLOW_S]])
-    cfg = engine_config(stragglers=f"replay:{replay}")
+    iterations = 72
+    assert iterations * FAST_S >= 2 * SLOW_S
+    cfg = engine_config(stragglers=f"replay:{replay}", iterations=iterations)
     policy = RecordingKAsync(2)
     result = run_engine(cfg, policy, tmp / "traces", lambda t, row: None, run_dir=tmp / "run")
     rows = TraceStore(tmp / "traces").read().sort("worker", "iteration")
