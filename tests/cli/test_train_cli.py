@@ -178,16 +178,21 @@ def test_resume_of_a_dir_without_state_is_one_line(tmp_path):
 
 
 # -- killing and interrupting a running train -------------------------------------------------
-def children_of(pid: int) -> list[int]:
+def processes_where(field: int, value: int) -> list[int]:
+    """Pids whose /proc stat field (after the command name: 1 parent, 3 session) is ``value``."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[field]) == value:
             out.append(int(stat.parent.name))
     return out
+
+
+def children_of(pid: int) -> list[int]:
+    return processes_where(1, pid)
 
 
 def running(pid: int) -> bool:
@@ -276,15 +281,7 @@ def interrupt_train(
 
 def session_of(pid: int) -> list[int]:
     """Every process of the session ``pid`` leads (the train and the workers it spawned)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == pid:
-            out.append(int(stat.parent.name))
-    return out
+    return processes_where(3, pid)
 
 
 def test_a_default_train_listens_on_loopback_alone(tmp_path):

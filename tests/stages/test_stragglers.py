@@ -81,8 +81,9 @@ def test_time_scale_multiplies_delays():
     np.testing.assert_allclose(scaled, full * 0.01)
 
 
-def test_workers_of_a_slow_host_are_slow_together():
-    cluster = SyntheticCluster(
+def two_slow_hosts() -> SyntheticCluster:
+    """Two hosts whose slow spells (10x) come and go often; no other noise to speak of."""
+    return SyntheticCluster(
         hosts=2,
         slow_factor=10.0,
         p_slow=0.2,
@@ -93,6 +94,10 @@ def test_workers_of_a_slow_host_are_slow_together():
         spike_p=0.0,
         seed=5,
     )
+
+
+def test_workers_of_a_slow_host_are_slow_together():
+    cluster = two_slow_hosts()
     delays = cluster.delays(400, 4)  # workers 0, 2 on host0; 1, 3 on host1
     slow = delays > 3 * cluster.base_s
     assert slow.any() and not slow.all()
@@ -189,17 +194,7 @@ def test_a_column_of_a_huge_run_is_drawn_as_it_is_read():
 
 
 def test_a_long_synthetic_run_keeps_host_mates_slow_together():
-    cluster = SyntheticCluster(
-        hosts=2,
-        slow_factor=10.0,
-        p_slow=0.2,
-        p_recover=0.2,
-        sigma=0.02,
-        worker_spread=0.0,
-        drift=0.0,
-        spike_p=0.0,
-        seed=5,
-    )
+    cluster = two_slow_hosts()
     iterations = MATRIX_CELLS // 4 + BLOCK  # drawn block by block
     delays = cluster.delays(iterations, 4)
     slow = delays > 3 * cluster.base_s

@@ -6,11 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from stages.fit import FitConfig, run_fit
 from stages.model.checkpoint import load_checkpoint
 from stages.model.online import STEP, TAIL, OnlineSpread, order_statistic_at_cut
-from stages.store import TraceStore, matrix_rows
-from tests.stages.model.test_recalibrate import order_stat_coverage, shared_cluster
+from tests.stages.model.test_recalibrate import fit_small, order_stat_coverage, shared_cluster
 
 
 def normal_draws(rng, spread: float, samples: int = 256, workers: int = 8) -> np.ndarray:
@@ -59,12 +57,7 @@ def test_the_online_factor_covers_x_c_where_the_cluster_changed_after_the_fit(tm
     # fitted where workers share no slowdown, replayed where they share one (sd 0.4): the model's
     # x_(c) is far too sure (about half covered); adjusted online, most of it is covered again
     calm = shared_cluster(300, 12, shared_sd=0.0, seed=1)
-    TraceStore(tmp_path / "t").append(matrix_rows(calm))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=20, window=16, batch=4,
-        holdout=0.0, progress=False,
-    )  # fmt: skip
-    run_fit(config)
+    fit_small(tmp_path, calm, 20, 16, 4, holdout=0.0)
     ckpt = dataclasses.replace(load_checkpoint(tmp_path / "m.pt"), common=(0.0, 0.0, 1.0, 1.0))
     wild = shared_cluster(400, 12, shared_sd=0.4, seed=5)
     fixed = order_stat_coverage(ckpt, wild, 100, online=False)

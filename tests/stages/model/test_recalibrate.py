@@ -25,6 +25,17 @@ def shared_cluster(iterations: int, workers: int, shared_sd: float, seed: int = 
     return RunMatrix("shared", x, ~full, full, tuple(f"fn{w}" for w in range(workers)))
 
 
+def fit_small(tmp_path, run: RunMatrix, steps: int, window: int, batch: int, **overrides):
+    """``run`` written to a fresh store under ``tmp_path`` and fitted briefly (no progress bar);
+    the fit's result (the checkpoint is ``tmp_path / "m.pt"``)."""
+    TraceStore(tmp_path / "t").append(matrix_rows(run))
+    config = FitConfig(
+        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=steps, window=window,
+        batch=batch, progress=False, **overrides,
+    )  # fmt: skip
+    return run_fit(config)
+
+
 def order_stat_coverage(ckpt, run: RunMatrix, start: int, online: bool = False) -> float:
     """x_(c) coverage from ``start`` on; the checkpoint's recalibration alone unless ``online``."""
     predictor = predictor_from(ckpt, list(range(run.shape[1])), list(run.hosts), seed=1)
@@ -42,12 +53,7 @@ def order_stat_coverage(ckpt, run: RunMatrix, start: int, online: bool = False) 
 def test_a_shared_slowdown_the_model_missed_is_added_and_covers_x_c(tmp_path):
     # a short fit barely learns the shared factor: x_(c) is under-covered until recalibrated
     run = shared_cluster(500, 12, shared_sd=0.4)
-    TraceStore(tmp_path / "t").append(matrix_rows(run))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=20, window=16, batch=4,
-        holdout=0.2, eval_samples=64, progress=False,
-    )  # fmt: skip
-    result = run_fit(config)
+    result = fit_small(tmp_path, run, 20, 16, 4, holdout=0.2, eval_samples=64)
     ckpt = load_checkpoint(tmp_path / "m.pt")
     shift, sd, widen, tighten = ckpt.common
     assert sd > 0.1 and ckpt.summary["common_slowdown"] == [shift, sd, widen, tighten]
@@ -58,12 +64,7 @@ def test_a_shared_slowdown_the_model_missed_is_added_and_covers_x_c(tmp_path):
 
 def test_too_few_iterations_leave_the_model_as_it_is(tmp_path):
     run = shared_cluster(60, 6, shared_sd=0.4)
-    TraceStore(tmp_path / "t").append(matrix_rows(run))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=3, window=8, batch=2,
-        holdout=0.2, eval_samples=16, progress=False,
-    )  # fmt: skip
-    run_fit(config)
+    fit_small(tmp_path, run, 3, 8, 2, holdout=0.2, eval_samples=16)
     ckpt = load_checkpoint(tmp_path / "m.pt")
     assert ckpt.common[:2] == (0.0, 0.0)  # 6 iterations in the first half of the held-out 12
     assert common_slowdown(ckpt, [run], recalibration_spans([run], 0.2))[:2] == (0.0, 0.0)
@@ -74,12 +75,7 @@ def test_too_few_iterations_leave_the_model_as_it_is(tmp_path):
 
 def test_the_shared_slowdown_moves_every_worker_of_a_draw_together(tmp_path):
     run = shared_cluster(300, 8, shared_sd=0.0)
-    TraceStore(tmp_path / "t").append(matrix_rows(run))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=3, window=8, batch=2,
-        holdout=0.0, progress=False,
-    )  # fmt: skip
-    run_fit(config)
+    fit_small(tmp_path, run, 3, 8, 2, holdout=0.0)
     ckpt = load_checkpoint(tmp_path / "m.pt")
     plain = predictor_from(dataclasses.replace(ckpt, common=(0.0, 0.0, 1.0)), seed=3)
     shared = predictor_from(dataclasses.replace(ckpt, common=(0.0, 1.0, 1.0)), seed=3)
@@ -98,12 +94,7 @@ def test_a_spread_the_model_missed_widens_every_worker(tmp_path):
     wide = np.exp(mean + 2.0 * (np.log(wild.runtimes) - mean))
     x = np.concatenate([calm.runtimes, wide])
     run = RunMatrix("wild", x, np.zeros(x.shape, bool), np.ones(x.shape, bool), calm.hosts)
-    TraceStore(tmp_path / "t").append(matrix_rows(run))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=30, window=16, batch=4,
-        holdout=0.2, eval_samples=64, progress=False,
-    )  # fmt: skip
-    result = run_fit(config)
+    result = fit_small(tmp_path, run, 30, 16, 4, holdout=0.2, eval_samples=64)
     assert load_checkpoint(tmp_path / "m.pt").common[2] >= 1.2
     assert result.calibration["runtime"]["coverage"] >= 0.85
 
@@ -113,12 +104,7 @@ def test_an_x_c_the_model_predicts_too_spread_is_narrowed(tmp_path):
     # x_(c) widely; on a run without that shared slowdown the span covers nearly every x_(c),
     # and the recalibration narrows the spread of the draws' levels (a shared sd cannot)
     wild = shared_cluster(400, 12, shared_sd=0.4)
-    TraceStore(tmp_path / "t").append(matrix_rows(wild))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=30, window=16, batch=4,
-        holdout=0.0, progress=False,
-    )  # fmt: skip
-    run_fit(config)
+    fit_small(tmp_path, wild, 30, 16, 4, holdout=0.0)
     ckpt = dataclasses.replace(load_checkpoint(tmp_path / "m.pt"), common=NO_RECALIBRATION)
     calm = shared_cluster(400, 12, shared_sd=0.0, seed=4)
     before = order_stat_coverage(ckpt, calm, 300)
@@ -130,12 +116,7 @@ def test_an_x_c_the_model_predicts_too_spread_is_narrowed(tmp_path):
 
 def test_narrowing_moves_a_draws_workers_together(tmp_path):
     run = shared_cluster(300, 8, shared_sd=0.4)
-    TraceStore(tmp_path / "t").append(matrix_rows(run))
-    config = FitConfig(
-        traces=tmp_path / "t", checkpoint=tmp_path / "m.pt", steps=3, window=8, batch=2,
-        holdout=0.0, progress=False,
-    )  # fmt: skip
-    run_fit(config)
+    fit_small(tmp_path, run, 3, 8, 2, holdout=0.0)
     ckpt = load_checkpoint(tmp_path / "m.pt")
     plain = predictor_from(dataclasses.replace(ckpt, common=NO_RECALIBRATION), seed=3)
     narrow = predictor_from(dataclasses.replace(ckpt, common=(0.0, 0.0, 1.0, 0.0)), seed=3)
