@@ -64,6 +64,7 @@ class Replica(WorkerProcess):
         self.steps = 0  # iterations applied
         self.noise_stats: tuple = ()  # the last step's (n, sum |g_i|^2, |mean|^2, samples)
         self.lags_ms: list[float] = []
+        self.eval_due: int | None = None  # the iteration whose held-out loss is yet to publish
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -162,7 +163,9 @@ class Replica(WorkerProcess):
     def all_reduce(self) -> bool:
         """The one collective of an iteration; False if it failed (a member died or hangs)."""
         try:
-            self.group.allreduce([self.comm]).wait()
+            work = self.group.allreduce([self.comm])
+            self.evaluate_due()  # while the all-reduce runs: the parameters are not stepped yet
+            work.wait()
             return True
         except (RuntimeError, dist.DistError):
             return False
@@ -259,15 +262,25 @@ class Replica(WorkerProcess):
         slots = self.comm_slots.cpu().numpy().tobytes()
         self.store.set(C.step_key(t), C.encode_step(self.noise_stats, slots))
         if t % cfg.eval_every == 0:
-            self.store.set(C.eval_key(t), repr(self.evaluate()))
+            self.eval_due = t  # evaluated during the next all-reduce, or at the end
         if (t + 1) % cfg.record_batch == 0:
             self.store.set(C.replica_key(t + 1), self.state_bytes())
+
+    def evaluate_due(self) -> None:
+        """The held-out loss after the iteration it is due at, published by the lowest replica
+        while the next iteration's all-reduce runs (the parameters are still those after the
+        due iteration), so the evaluation takes the replica's wait for the others, not a turn of
+        its own."""
+        if self.eval_due is not None:
+            self.store.set(C.eval_key(self.eval_due), repr(self.evaluate()))
+            self.eval_due = None
 
     def finish(self) -> None:
         self.store.set(C.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
         self.store.set(C.digest_key(self.w), digest)
         if self.members and self.lowest:
+            self.evaluate_due()
             self.store.set(C.eval_key("final"), repr(self.evaluate()))
             self.store.set(C.replica_key("final"), self.state_bytes())
 

@@ -94,6 +94,30 @@ def test_the_update_is_the_mean_of_the_admitted_workers_own_gradients(tmp_path):
     assert not torch.allclose(params, init - scaled_lr(cfg, 4, 4) * own_gradient(cfg, 1))
 
 
+def held_out_loss(cfg: EngineConfig, params: torch.Tensor) -> float:
+    """The workload's held-out loss at flat ``params``, computed here."""
+    workload = load_workload(cfg.workload, seed=cfg.seed)
+    torch.nn.utils.vector_to_parameters(params, workload.model.parameters())
+    x, y = workload.eval_batch
+    with torch.no_grad():
+        return float(workload.loss(workload.model(x), y))
+
+
+def test_the_held_out_loss_of_an_iteration_is_of_the_parameters_after_it(tmp_path):
+    """The lowest replica evaluates iteration t while iteration t + 1 all-reduces: the loss
+    logged for the last iteration (published at the end) is that of the final parameters, and
+    the one before it is not; every due iteration has its loss."""
+    cfg = collective_config(iterations=6, eval_every=1, workers=2, hosts=("h0", "h1"))
+    result = run_engine(cfg, RecordingStatic(2), tmp_path / "traces", lambda t, r: None,
+                        tmp_path / "run")  # fmt: skip
+    final = held_out_loss(cfg, replica_params(tmp_path / "run")[0])
+    losses = result.log["eval_loss"]
+    assert all(loss is not None for loss in losses)
+    assert losses[-1] == pytest.approx(final, rel=1e-5)
+    assert result.final_eval_loss == pytest.approx(final, rel=1e-5)
+    assert losses[-2] != pytest.approx(final, rel=1e-5)
+
+
 def test_an_online_policy_admits_its_revised_c(tmp_path):
     replay = write_replay_trace(tmp_path / "replay", [[FAST_S, FAST_S, MID_S, SLOW_S]] * 6)
     cfg = collective_config(iterations=6, stragglers=f"replay:{replay}")
