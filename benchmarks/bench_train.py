@@ -324,8 +324,9 @@ def run(quick: bool = False) -> str:
             "With `full` (or `static:C`) the collective engine's replicas decide alone: one "
             "store round trip per block of up to 8 announced iterations, the reports in the "
             "all-reduce, the coordinator off the critical path; what remains is the coordinator "
-            "process sharing the cores, the held-out evaluation every 10 iterations and the "
-            "noise-scale statistics. The ps engine also sends the parameters to every worker and "
+            "process sharing the cores (its log and trace rows, its store thread) and the "
+            "noise-scale statistics; the held-out evaluation every 10 iterations runs while the "
+            "next all-reduce waits. The ps engine also sends the parameters to every worker and "
             "steps serially at the server while the workers wait. On a busy machine run it under "
             "`chrt -r 10`: other load hits the all_reduce ring hardest.",
         ]
