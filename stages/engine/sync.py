@@ -91,9 +91,13 @@ class SyncEngine(Engine):
         self.started, self.sent = time.perf_counter(), self.live.copy()
         limit = P.ONLINE if self.policy.online else c
         self.through = t + self.ahead(t)  # the announcements made now hold through this one
-        for k in range(max(self.announced + 1, t), self.through + 1):
-            self.announce(k, limit)
-            self.announced = k
+        if self.through > self.announced:
+            # under Ctrl-C too, the keys workers read and the count :meth:`stop_workers` puts
+            # the stop after agree: else a worker waits for an iteration nobody runs
+            with interrupts_deferred():
+                for k in range(max(self.announced + 1, t), self.through + 1):
+                    self.announce(k, limit)
+                    self.announced = k
         self.begun = t
 
     def ahead(self, t: int) -> int:

@@ -223,3 +223,39 @@ def test_an_adaptive_fixed_c_reads_the_arrivals_live_with_the_same_outcome(tmp_p
     for _, censored in policy.observed:
         assert censored.tolist() == [False, True, False, False]
     assert result.extras["replicas_identical"]
+
+
+def interrupt_mid_announcement(monkeypatch, engine_class, after: int) -> list[int]:
+    """Ctrl-C (a real SIGINT to this process) right after the engine announces an iteration
+    past ``after`` that is not the last of the announcements under way; returns [iteration]."""
+    original, hit = engine_class.announce, []
+
+    def announce(self, t: int, limit: int) -> None:
+        original(self, t, limit)
+        if not hit and t > after and (t < self.through or self.through == t == self.begun + 1):
+            hit.append(t)
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before announce returns
+
+    monkeypatch.setattr(engine_class, "announce", announce)
+    return hit
+
+
+@pytest.mark.parametrize("engine", ["collective", "ps"])
+def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch, engine):
+    """An announcement (its keys and the engine's count of what it announced) lands whole
+    under Ctrl-C: the stop goes after the last iteration any worker was told of, so every
+    replica stops on its own and reports, instead of waiting for an iteration nobody runs (seen in
+    CI: a 30 s hang after Ctrl-C). The parameter server's workers also end when it closes their group."""
+    from stages.engine.launch import VARIANTS
+
+    cfg = collective_config(engine=engine, iterations=400, stragglers="synthetic:base_s=0.002")
+    hit = interrupt_mid_announcement(monkeypatch, VARIANTS[engine][0], after=12)
+    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None,
+                        tmp_path / "run")  # fmt: skip
+    assert hit and result.interrupted
+    assert result.dead_workers == {}
+    assert result.log["iteration"] == list(range(len(result.log["iteration"])))
+    if engine == "collective":  # every replica reached the stop and published what it holds
+        assert sorted(result.extras["replica_digests"]) == ["0", "1", "2", "3"]
+        assert result.extras["replicas_identical"] and result.final_eval_loss is not None
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
