@@ -345,12 +345,19 @@ class Coordinator(SyncEngine):
             pass  # the store is gone: workers notice and exit on their own
 
     def collect_final(self) -> None:
-        if P.wait_key(self.store, replica_key("final"), min(self.cfg.timeout_s, 30.0)):
+        """What the replicas publish as they stop, within one bound: a replica that does not
+        stop is killed by the launcher after it, so its lateness costs the user one wait."""
+        deadline = time.monotonic() + min(self.cfg.timeout_s, 30.0)
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.01)
+
+        if P.wait_key(self.store, replica_key("final"), left()):
             blob = self.store.get(replica_key("final"))
             self.replica = (int(load_replica_state(blob)["steps"]), blob)
         self.collect_evals(wait=True)
         for w in map(int, np.flatnonzero(self.live)):
-            if P.wait_key(self.store, digest_key(w), 5.0):
+            if P.wait_key(self.store, digest_key(w), left()):
                 self.digests[w] = self.store.get(digest_key(w)).decode()
             if self.store.check([lag_key(w)]):
                 blob = self.store.get(lag_key(w)).decode()
