@@ -189,6 +189,31 @@ def goodput_only(quick: bool = False) -> str:
         )
 
 
+def bdsgd_engines(repeats: int = 3, quick: bool = False) -> str:
+    """``bdsgd`` on both engines, interleaved ``repeats`` times on the held-out cluster (one
+    fit), so the two are compared by medians rather than by one run each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        late, _ = fit_cluster(root, quick)
+        runs: dict[str, list[dict]] = {"collective": [], "ps": []}
+        for i in range(repeats):
+            (root / f"repeat-{i}").mkdir()
+            for engine in runs:
+                summary, _ = train_run(root / f"repeat-{i}", late, root / "model.pt",
+                                       80 if quick else 200, "bdsgd", engine=engine)  # fmt: skip
+                runs[engine].append(summary)
+    lines = ["| engine | throughput (grad/s), each run | median | mean_c median | wall_s median |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for engine, summaries in runs.items():
+        grads = [s["throughput"] for s in summaries]
+        lines.append(
+            f"| {engine} | {' / '.join(f'{g:.1f}' for g in grads)} | {np.median(grads):.1f} | "
+            f"{np.median([s['mean_c'] for s in summaries]):.2f} | "
+            f"{np.median([s['wall_s'] for s in summaries]):.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def _best_static(runs: dict, engine: str) -> str:
     statics = [k for k in runs if k.startswith(f"{engine}/static")]
     return max(statics, key=lambda k: runs[k]["summary"]["throughput"]).split("/")[1]
