@@ -115,6 +115,8 @@ def train_run(root: Path, late: Path, ckpt: Path, iterations: int, spec: str, **
 def train_section(root: Path, quick: bool) -> str:
     late, fitted = fit_cluster(root, quick)
     lines = policy_table(root, late, fitted, quick)
+    lines += ["", "`bdsgd` on both engines, interleaved runs (medians, not one run each):", ""]
+    lines += bdsgd_engine_table(root, late, 1 if quick else 3, quick).splitlines()
     goodput = [
         goodput_section(root, late, root / "model.pt", 20.0 if quick else 60.0, batch)
         for batch in GOODPUT_BATCHES
@@ -190,18 +192,23 @@ def goodput_only(quick: bool = False) -> str:
 
 
 def bdsgd_engines(repeats: int = 3, quick: bool = False) -> str:
-    """``bdsgd`` on both engines, interleaved ``repeats`` times on the held-out cluster (one
-    fit), so the two are compared by medians rather than by one run each."""
+    """:func:`bdsgd_engine_table` alone, with its own cluster and fit."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         late, _ = fit_cluster(root, quick)
-        runs: dict[str, list[dict]] = {"collective": [], "ps": []}
-        for i in range(repeats):
-            (root / f"repeat-{i}").mkdir()
-            for engine in runs:
-                summary, _ = train_run(root / f"repeat-{i}", late, root / "model.pt",
-                                       80 if quick else 200, "bdsgd", engine=engine)  # fmt: skip
-                runs[engine].append(summary)
+        return bdsgd_engine_table(root, late, repeats, quick)
+
+
+def bdsgd_engine_table(root: Path, late: Path, repeats: int, quick: bool) -> str:
+    """``bdsgd`` on both engines, interleaved ``repeats`` times on the held-out cluster (the fit
+    in ``root``), so the two are compared by medians rather than by one run each."""
+    runs: dict[str, list[dict]] = {"collective": [], "ps": []}
+    for i in range(repeats):
+        (root / f"repeat-{i}").mkdir()
+        for engine in runs:
+            summary, _ = train_run(root / f"repeat-{i}", late, root / "model.pt",
+                                   80 if quick else 200, "bdsgd", engine=engine)  # fmt: skip
+            runs[engine].append(summary)
     lines = ["| engine | throughput (grad/s), each run | median | mean_c median | wall_s median |",
              "|---|---|---|---|---|"]  # fmt: skip
     for engine, summaries in runs.items():
