@@ -9,8 +9,9 @@ that ``full`` reaches at 60% of its iterations.
 
 Reproduce: ``make bench`` (or ``python -m benchmarks.run --only train``); the goodput
 time-to-loss tables alone: ``python -c "from benchmarks.bench_train import goodput_only;
-print(goodput_only())"``; the engines-and-policies table alone: ``policies_only``; the
-overhead table alone: ``overhead_section(False)``.
+print(goodput_only())"``; the engines-and-policies table alone: ``policies_only``; ``bdsgd`` on
+both engines, three interleaved runs each: ``bdsgd_engines``; the overhead table alone:
+``overhead_section(False)``.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def train_run(root: Path, late: Path, ckpt: Path, iterations: int, spec: str, **
 def train_section(root: Path, quick: bool) -> str:
     late, fitted = fit_cluster(root, quick)
     lines = policy_table(root, late, fitted, quick)
-    lines += ["", "`bdsgd` on both engines, interleaved runs (medians, not one run each):", ""]
-    lines += bdsgd_engine_table(root, late, 1 if quick else 3, quick).splitlines()
+    repeats = 1 if quick else 3
+    lines += ["", f"`bdsgd` on both engines, {repeats} interleaved run(s) each:", ""]
+    lines += bdsgd_engine_table(root, late, repeats, quick).splitlines()
     goodput = [
         goodput_section(root, late, root / "model.pt", 20.0 if quick else 60.0, batch)
         for batch in GOODPUT_BATCHES
@@ -204,8 +206,8 @@ def bdsgd_engine_table(root: Path, late: Path, repeats: int, quick: bool) -> str
     in ``root``), so the two are compared by medians rather than by one run each."""
     runs: dict[str, list[dict]] = {"collective": [], "ps": []}
     for i in range(repeats):
-        (root / f"repeat-{i}").mkdir()
-        for engine in runs:
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # neither always runs first
+        for engine in order:
             summary, _ = train_run(root / f"repeat-{i}", late, root / "model.pt",
                                    80 if quick else 200, "bdsgd", engine=engine)  # fmt: skip
             runs[engine].append(summary)

@@ -23,7 +23,7 @@ from torch.nn.utils import parameters_to_vector
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
-from stages.engine.base import Engine, ServerModel
+from stages.engine.base import Engine, ServerModel, interrupts_deferred
 from stages.engine.config import scaled_lr
 from stages.engine.report import WorkerReport
 
@@ -151,18 +151,24 @@ class AsyncServer(Engine):
         self.policy.observe(runtimes, censored)
 
     def restart(self, workers) -> None:
-        """Send the current parameters to ``workers``: each begins its next computation."""
+        """Send the current parameters to ``workers``: each begins its next computation. A
+        send and the record that it was made land together under Ctrl-C, so the end drains the
+        computation it began."""
         vector = parameters_to_vector(self.params.model.parameters()).detach()
         for w in map(int, workers):
-            j = int(self.next_j[w])
-            payload = A.pack_params(vector, self.version, j)
-            self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
-            self.current_j[w], self.next_j[w] = j, j + 1
-            try:
-                self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
-            except (RuntimeError, dist.DistError):
-                self.declare_dead([w])
-            self.waiting[w] = False
+            with interrupts_deferred():
+                self.send_parameters(w, vector)
+
+    def send_parameters(self, w: int, vector: torch.Tensor) -> None:
+        j = int(self.next_j[w])
+        payload = A.pack_params(vector, self.version, j)
+        self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
+        self.current_j[w], self.next_j[w] = j, j + 1
+        try:
+            self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
+        except (RuntimeError, dist.DistError):
+            self.declare_dead([w])
+        self.waiting[w] = False
 
     def evaluate(self) -> float:
         return self.params.evaluate()

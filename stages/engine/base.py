@@ -37,8 +37,9 @@ PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Ctrl-C during the block is raised when it ends, so what the block writes together (an
-    iteration's trace rows and its metrics row) lands together or not at all. Outside the main
-    thread (where Python delivers signals) nothing changes."""
+    iteration's trace rows and its metrics row) lands together or not at all. Nested, it is
+    handed to the enclosing block, which raises it when it ends. Outside the main thread (where
+    Python delivers signals) nothing changes; where SIGINT is ignored it stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -50,7 +51,9 @@ def interrupts_deferred() -> Iterator[None]:
         signal.signal(
             signal.SIGINT, previous if previous is not None else signal.default_int_handler
         )
-        if caught:
+        if caught and callable(previous):  # an enclosing block's handler holds it in turn
+            previous(signal.SIGINT, None)
+        elif caught and previous is not signal.SIG_IGN:
             raise KeyboardInterrupt
 
 

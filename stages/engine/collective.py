@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from stages.engine import protocol as P
+from stages.engine.base import interrupts_deferred
 from stages.engine.config import scaled_lr
 from stages.engine.report import WorkerReport
 from stages.engine.sync import SyncEngine
@@ -261,7 +262,12 @@ class Coordinator(SyncEngine):
 
     def handle_failure(self) -> None:
         """A member's all-reduce failed: every member that is alive reports it within a grace;
-        the ones that do not are hung, and declared dead."""
+        the ones that do not are hung, and declared dead. Ctrl-C waits for the regrouping: the
+        members that reported wait for the next generation, not for the stop."""
+        with interrupts_deferred():
+            self.regroup_after_failure()
+
+    def regroup_after_failure(self) -> None:
         grace = time.monotonic() + min(self.cfg.timeout_s, FAIL_GRACE_S)
         members = set(np.flatnonzero(self.live).tolist())
         while time.monotonic() < grace:
@@ -284,7 +290,12 @@ class Coordinator(SyncEngine):
     def on_dead(self, workers: list[int]) -> None:
         """Regroup the survivors. Found while an iteration runs, it ends without an update and
         the new group resumes at the next one; found before it is announced, the new group
-        runs it."""
+        runs it. The generation lands whole under Ctrl-C (replicas whose all-reduce failed wait
+        for it)."""
+        with interrupts_deferred():
+            self.regroup()
+
+    def regroup(self) -> None:
         if self.admitting is not None:
             self.aborted = True
             self.store.set(P.cut_key(self.admitting), repr(time.time()))
@@ -295,11 +306,12 @@ class Coordinator(SyncEngine):
         self.new_generation(resume)
 
     # -- held-out loss, state, end ------------------------------------------------------------
-    def collect_evals(self, wait: bool = False) -> None:
-        """Fill in the held-out losses the lowest replica has published since."""
+    def collect_evals(self, wait_s: float = 0.0) -> None:
+        """Fill in the held-out losses the lowest replica has published since (waiting up to
+        ``wait_s`` for each)."""
         for t, index in list(self.pending_evals.items()):
             key = eval_key(t)
-            if (wait and P.wait_key(self.store, key, 1.0)) or self.store.check([key]):
+            if P.wait_key(self.store, key, wait_s):
                 self.log.rows["eval_loss"][index] = float(self.store.get(key).decode())
                 del self.pending_evals[t]
 
@@ -355,7 +367,7 @@ class Coordinator(SyncEngine):
         if P.wait_key(self.store, replica_key("final"), left()):
             blob = self.store.get(replica_key("final"))
             self.replica = (int(load_replica_state(blob)["steps"]), blob)
-        self.collect_evals(wait=True)
+        self.collect_evals(min(1.0, left()))
         for w in map(int, np.flatnonzero(self.live)):
             if P.wait_key(self.store, digest_key(w), left()):
                 self.digests[w] = self.store.get(digest_key(w)).decode()

@@ -240,21 +240,39 @@ def interrupt_mid_announcement(monkeypatch, engine_class, after: int) -> list[in
     return hit
 
 
+def exit_codes_of_workers(monkeypatch) -> list[int | None]:
+    """The exit codes of the run's worker processes once the launcher has reaped them (a
+    negative one: killed by a signal, so it did not stop on its own)."""
+    from stages.engine import launch
+
+    codes: list[int | None] = []
+    reap = launch.join_or_kill
+
+    def join_or_kill(procs, *args, **kwargs):
+        reap(procs, *args, **kwargs)
+        codes.extend(p.exitcode for p in procs)
+
+    monkeypatch.setattr(launch, "join_or_kill", join_or_kill)
+    return codes
+
+
 @pytest.mark.parametrize("engine", ["collective", "ps"])
 def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch, engine):
     """An announcement (its keys and the engine's count of what it announced) lands whole
     under Ctrl-C: the stop goes after the last iteration any worker was told of, so every
-    replica stops on its own and reports, instead of waiting for an iteration nobody runs (seen in
-    CI: a 30 s hang after Ctrl-C). The parameter server's workers also end when it closes their group."""
+    worker stops on its own (none is killed at the end), and every replica reports, instead of
+    waiting for an iteration nobody runs (seen in CI: a 30 s hang after Ctrl-C)."""
     from stages.engine.launch import VARIANTS
 
     cfg = collective_config(engine=engine, iterations=400, stragglers="synthetic:base_s=0.002")
     hit = interrupt_mid_announcement(monkeypatch, VARIANTS[engine][0], after=12)
+    codes = exit_codes_of_workers(monkeypatch)
     result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None,
                         tmp_path / "run")  # fmt: skip
     assert hit and result.interrupted
     assert result.dead_workers == {}
     assert result.log["iteration"] == list(range(len(result.log["iteration"])))
+    assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes
     if engine == "collective":  # every replica reached the stop and published what it holds
         assert sorted(result.extras["replica_digests"]) == ["0", "1", "2", "3"]
         assert result.extras["replicas_identical"] and result.final_eval_loss is not None

@@ -119,3 +119,28 @@ def test_ctrl_c_between_an_iterations_writes_is_raised_after_them():
     with interrupts_deferred():  # no signal: nothing raised
         written.append("next")
     assert written[-1] == "next"
+
+
+def test_a_nested_deferred_block_hands_ctrl_c_to_the_enclosing_one():
+    """A regrouping inside an iteration's writes: the SIGINT caught by the inner block is raised
+    when the outer one ends, not between the inner and the rest of the outer."""
+    before = signal.getsignal(signal.SIGINT)
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                written.append("inner")
+            written.append("rest of the outer")
+    assert written == ["inner", "rest of the outer"]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_where_ctrl_c_is_ignored_a_deferred_block_ignores_it_too():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
