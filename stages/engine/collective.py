@@ -316,8 +316,11 @@ class Coordinator(SyncEngine):
                 del self.pending_evals[t]
 
     def state(self, next_iteration: int) -> dict:
-        """The base state, at the iterations the lowest replica has applied (they differ from
-        the coordinator's count only when a run is cut short mid-all-reduce)."""
+        """The base state, at the iterations the lowest replica has applied. They differ from
+        the coordinator's count when a run is cut short mid-all-reduce, and after Ctrl-C in a
+        run announced ahead: the replicas run every iteration announced to them (up to
+        ``LOOKAHEAD``) and the coordinator has logged only those it read, so a resumed run has
+        no log or trace rows for those (a known gap; docs/architecture.md, "Stopping")."""
         self.fetch_replica(next_iteration)
         steps = self.replica[0] if self.replica is not None else next_iteration
         return super().state(steps)
