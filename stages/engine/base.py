@@ -109,14 +109,27 @@ class Engine(abc.ABC):
         self.next_iteration = start
         self.connect()
         self.t0 = time.perf_counter() - self.wall_offset  # the clock starts with the workers
-        for t in range(start, self.cfg.iterations):
+        self.iterate(range(start, self.cfg.iterations), on_iteration)
+
+    def iterate(self, iterations: range, on_iteration: Callable[[int, dict], None]) -> None:
+        for t in iterations:
             self.current = t
-            row = self.step(t)
-            self.next_iteration = t + 1
+            with self.one_iteration():
+                row = self.step(t)
+                self.next_iteration = t + 1
             try:
                 on_iteration(t, row)
             except StopRun:
                 return
+
+    def one_iteration(self) -> contextlib.AbstractContextManager:
+        """What an iteration runs in: by default Ctrl-C may end it anywhere (a variant whose
+        workers go on without it defers Ctrl-C to its end, see :meth:`run_announced`)."""
+        return contextlib.nullcontext()
+
+    def run_announced(self, on_iteration: Callable[[int, dict], None]) -> None:  # noqa: B027
+        """After Ctrl-C: run what the workers run anyway before they see the stop (nothing by
+        default)."""
 
     @abc.abstractmethod
     def step(self, t: int) -> dict:

@@ -192,7 +192,7 @@ class Coordinator(SyncEngine):
     def ahead(self, t: int) -> int:
         """A c that depends on nothing observed is announced ahead, a block at a time: once
         fewer than half of ``LOOKAHEAD`` iterations remain announced, through t + LOOKAHEAD."""
-        if self.reads_arrivals:
+        if self.reads_arrivals or self.stopping:
             return 0
         if self.announced >= t + LOOKAHEAD // 2:
             return self.announced - t  # nothing new to announce
@@ -252,6 +252,21 @@ class Coordinator(SyncEngine):
             return iteration_s, {"lr": 0.0, "c": 0}
         n, live = len(reports), int(self.live.sum())
         return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
+
+    # -- Ctrl-C ------------------------------------------------------------------------------
+    def one_iteration(self):
+        """Ctrl-C ends a run between iterations: the replicas apply an iteration whether or not
+        the coordinator records it, so it is recorded whole (the waits inside are bounded)."""
+        return interrupts_deferred()
+
+    def run_announced(self, on_iteration) -> None:
+        """After Ctrl-C: announce nothing more and record the iterations already announced
+        (up to ``LOOKAHEAD`` for a fixed c, the next one online), which the replicas run
+        before they see the stop, so the log, the traces and the checkpoint agree. A second
+        Ctrl-C ends this at once."""
+        self.stopping = True
+        self.iterate(range(self.next_iteration, min(self.announced + 1, self.cfg.iterations)),
+                     on_iteration)  # fmt: skip
 
     # -- failures -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -317,10 +332,8 @@ class Coordinator(SyncEngine):
 
     def state(self, next_iteration: int) -> dict:
         """The base state, at the iterations the lowest replica has applied. They differ from
-        the coordinator's count when a run is cut short mid-all-reduce, and after Ctrl-C in a
-        run announced ahead: the replicas run every iteration announced to them (up to
-        ``LOOKAHEAD``) and the coordinator has logged only those it read, so a resumed run has
-        no log or trace rows for those (a known gap; docs/architecture.md, "Stopping")."""
+        the coordinator's count only when the run ended without :meth:`run_announced` (a second
+        Ctrl-C, a failure at the end) or was cut short mid-all-reduce."""
         self.fetch_replica(next_iteration)
         steps = self.replica[0] if self.replica is not None else next_iteration
         return super().state(steps)

@@ -8,6 +8,7 @@ and workers; cutoff policies run ``--engine ps`` (parameter server) or ``--engin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
@@ -101,10 +102,13 @@ def run_engine(
     if procs:  # torchrun: timeouts tell
         engine.alive = lambda w: procs[w].is_alive()
     interrupted = False
+    callback = _with_checkpoints(engine, on_iteration, run_dir)
     try:
-        engine.run(start, _with_checkpoints(engine, on_iteration, run_dir))
+        engine.run(start, callback)
     except KeyboardInterrupt:
         interrupted = True  # the caller writes what it has, then reports the interrupt
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop at once
+            engine.run_announced(callback)
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
         join_or_kill(procs)

@@ -44,6 +44,7 @@ class SyncEngine(Engine):
         self.admitting: int | None = None  # the iteration whose tickets are being read
         self.started, self.sent = 0.0, None  # when it began, and to whom
         self.holes = 0  # tickets of the iteration under way skipped: their holders died unnamed
+        self.stopping = False  # after Ctrl-C: announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
         self.delays = [model.column(cfg.iterations, cfg.workers, w) for w in range(cfg.workers)]
@@ -60,7 +61,7 @@ class SyncEngine(Engine):
         iteration_s, extra = self.apply(t, reports, start)
         self.measure_overhead(iteration_s, out.cut_s)
         predicted = self.policy.describe()
-        if t + 1 < self.cfg.iterations:
+        if t + 1 < self.cfg.iterations and not (self.stopping and t + 1 > self.announced):
             self.begin(t + 1)
         trace_rows = self.trace_reports(t, out, reports, sent, start)
         losses = [r.loss for r in reports]

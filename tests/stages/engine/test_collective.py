@@ -277,3 +277,45 @@ def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch,
         assert sorted(result.extras["replica_digests"]) == ["0", "1", "2", "3"]
         assert result.extras["replicas_identical"] and result.final_eval_loss is not None
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+
+
+def sigint_after(engine_class, method: str, t_at: int, monkeypatch) -> None:
+    """A real SIGINT to this process right after ``method(t_at)`` of the engine returns."""
+    original = getattr(engine_class, method)
+
+    def patched(self, t, *args):
+        out = original(self, t, *args)
+        if t == t_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(engine_class, method, patched)
+
+
+@pytest.mark.parametrize("policy", ["static", "online"])
+@pytest.mark.parametrize("where", ["between iterations", "mid-iteration"])
+def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, policy, where):
+    """The replicas run every iteration announced to them (up to 8 ahead for a fixed c, the
+    next one online) before they see the stop: after Ctrl-C, between iterations or while one is
+    admitted, the coordinator records those too, so the log, the traces and the checkpoint's
+    replica state agree (a resumed run continues right after the last logged iteration)."""
+    from stages.engine.collective import Coordinator
+
+    cfg = collective_config(iterations=400, stragglers="synthetic:base_s=0.002")
+    on_iteration = lambda t, row: None  # noqa: E731
+    if where == "between iterations":
+
+        def on_iteration(t, row):
+            if t == 30:
+                os.kill(os.getpid(), signal.SIGINT)
+    else:
+        sigint_after(Coordinator, "admit", 30, monkeypatch)
+    chosen = RecordingStatic(3) if policy == "static" else ScriptedOnline()
+    result = run_engine(cfg, chosen, tmp_path / "traces", on_iteration, tmp_path / "run")
+    logged = result.log["iteration"]
+    assert result.interrupted and logged == list(range(len(logged))) and len(logged) > 30
+    _, steps = replica_params(tmp_path / "run")
+    assert steps == len(logged)
+    rows = TraceStore(tmp_path / "traces").read()
+    assert sorted(set(rows["iteration"].to_list())) == logged
+    assert result.extras["replicas_identical"]
