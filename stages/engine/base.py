@@ -51,10 +51,11 @@ def interrupts_deferred() -> Iterator[None]:
         signal.signal(
             signal.SIGINT, previous if previous is not None else signal.default_int_handler
         )
-        if caught and callable(previous):  # an enclosing block's handler holds it in turn
-            previous(signal.SIGINT, None)
-        elif caught and previous is not signal.SIG_IGN:
-            raise KeyboardInterrupt
+    # the block ended normally (an error it raised goes on as it is, not as a Ctrl-C)
+    if caught and callable(previous):  # an enclosing block's handler holds it in turn
+        previous(signal.SIGINT, None)
+    elif caught and previous is not signal.SIG_IGN:
+        raise KeyboardInterrupt
 
 
 @dataclass

@@ -30,6 +30,7 @@ replicas stay identical whichever of them had stepped.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 
@@ -256,14 +257,17 @@ class Coordinator(SyncEngine):
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):
         """Ctrl-C ends a run between iterations: the replicas apply an iteration whether or not
-        the coordinator records it, so it is recorded whole (the waits inside are bounded)."""
-        return interrupts_deferred()
+        the coordinator records it, so it is recorded whole (the waits inside are bounded).
+        While the announced iterations are recorded after a stop, Ctrl-C acts at once."""
+        return contextlib.nullcontext() if self.stopping else interrupts_deferred()
 
     def run_announced(self, on_iteration) -> None:
-        """After Ctrl-C: announce nothing more and record the iterations already announced
-        (up to ``LOOKAHEAD`` for a fixed c, the next one online), which the replicas run
-        before they see the stop, so the log, the traces and the checkpoint agree. A second
-        Ctrl-C ends this at once."""
+        """After a stop (Ctrl-C, a target or a wall-clock budget): announce nothing more and
+        record the iterations already announced (up to ``LOOKAHEAD`` for a fixed c, the next
+        one online), which the replicas run before they see the stop, so the log, the traces
+        and the checkpoint agree. Ctrl-C during it ends it at once (it runs once)."""
+        if self.stopping:
+            return
         self.stopping = True
         self.iterate(range(self.next_iteration, min(self.announced + 1, self.cfg.iterations)),
                      on_iteration)  # fmt: skip
@@ -331,9 +335,10 @@ class Coordinator(SyncEngine):
                 del self.pending_evals[t]
 
     def state(self, next_iteration: int) -> dict:
-        """The base state, at the iterations the lowest replica has applied. They differ from
-        the coordinator's count only when the run ended without :meth:`run_announced` (a second
-        Ctrl-C, a failure at the end) or was cut short mid-all-reduce."""
+        """The base state, at the iterations the lowest replica has applied (its step count:
+        iterations with an update). They differ from the coordinator's count after iterations
+        without an update, when the run ended without :meth:`run_announced` (a second Ctrl-C,
+        a failure at the end) or was cut short mid-all-reduce."""
         self.fetch_replica(next_iteration)
         steps = self.replica[0] if self.replica is not None else next_iteration
         return super().state(steps)

@@ -24,7 +24,7 @@ from stages.engine import async_protocol as A
 from stages.engine import protocol as P
 from stages.engine.async_server import AsyncServer
 from stages.engine.async_worker import async_worker_main
-from stages.engine.base import Engine
+from stages.engine.base import Engine, StopRun
 from stages.engine.collective import Coordinator
 from stages.engine.config import EngineConfig
 from stages.engine.ps import ParameterServer
@@ -102,13 +102,16 @@ def run_engine(
     if procs:  # torchrun: timeouts tell
         engine.alive = lambda w: procs[w].is_alive()
     interrupted = False
-    callback = _with_checkpoints(engine, on_iteration, run_dir)
+    # after a stop, what the workers run anyway is recorded, its rows shown, not judged again
+    announced = _with_checkpoints(engine, _stop_ignored(on_iteration), run_dir)
     try:
-        engine.run(start, callback)
+        engine.run(start, _with_checkpoints(engine, on_iteration, run_dir))
+        engine.run_announced(announced)
     except KeyboardInterrupt:
         interrupted = True  # the caller writes what it has, then reports the interrupt
-        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop at once
-            engine.run_announced(callback)
+        # best effort: another Ctrl-C, or a failure, ends it with what it recorded so far
+        with contextlib.suppress(KeyboardInterrupt, Exception):
+            engine.run_announced(announced)
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
         join_or_kill(procs)
@@ -201,6 +204,14 @@ def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(1.0)
+
+
+def _stop_ignored(on_iteration):
+    def callback(t: int, row: dict) -> None:
+        with contextlib.suppress(StopRun):
+            on_iteration(t, row)
+
+    return callback
 
 
 def _with_checkpoints(engine: Engine, on_iteration, run_dir: Path | None):

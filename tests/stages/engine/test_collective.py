@@ -313,7 +313,8 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     chosen = RecordingStatic(3) if policy == "static" else ScriptedOnline()
     result = run_engine(cfg, chosen, tmp_path / "traces", on_iteration, tmp_path / "run")
     logged = result.log["iteration"]
-    assert result.interrupted and logged == list(range(len(logged))) and len(logged) > 30
+    assert result.interrupted and logged == list(range(len(logged)))
+    assert len(logged) > 31  # the interrupted iteration and at least one announced after it
     _, steps = replica_params(tmp_path / "run")
     assert steps == len(logged)
     rows = TraceStore(tmp_path / "traces").read()

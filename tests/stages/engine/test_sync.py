@@ -144,3 +144,13 @@ def test_where_ctrl_c_is_ignored_a_deferred_block_ignores_it_too():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_an_error_in_a_deferred_block_is_not_turned_into_ctrl_c():
+    """A worker failure while Ctrl-C waits: the failure is what the caller sees."""
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(RuntimeError, match="a worker died"):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            raise RuntimeError("a worker died")
+    assert signal.getsignal(signal.SIGINT) is before
