@@ -150,25 +150,22 @@ class AsyncServer(Engine):
             runtimes[r.worker], censored[r.worker] = max(r.runtime_s, 1e-6), False
         self.policy.observe(runtimes, censored)
 
+    @interrupts_deferred()
     def restart(self, workers) -> None:
-        """Send the current parameters to ``workers``: each begins its next computation. A
-        send and the record that it was made land together under Ctrl-C, so the end drains the
-        computation it began."""
+        """Send the current parameters to ``workers``: each begins its next computation. The
+        sends and the record that they were made land together under Ctrl-C, so the end drains
+        the computations they began."""
         vector = parameters_to_vector(self.params.model.parameters()).detach()
         for w in map(int, workers):
-            with interrupts_deferred():
-                self.send_parameters(w, vector)
-
-    def send_parameters(self, w: int, vector: torch.Tensor) -> None:
-        j = int(self.next_j[w])
-        payload = A.pack_params(vector, self.version, j)
-        self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
-        self.current_j[w], self.next_j[w] = j, j + 1
-        try:
-            self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
-        except (RuntimeError, dist.DistError):
-            self.declare_dead([w])
-        self.waiting[w] = False
+            j = int(self.next_j[w])
+            payload = A.pack_params(vector, self.version, j)
+            self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
+            self.current_j[w], self.next_j[w] = j, j + 1
+            try:
+                self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
+            except (RuntimeError, dist.DistError):
+                self.declare_dead([w])
+            self.waiting[w] = False
 
     def evaluate(self) -> float:
         return self.params.evaluate()

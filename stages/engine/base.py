@@ -34,25 +34,31 @@ STATE_VERSION = 2
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 
 
+_deferring = [0]  # how many interrupts_deferred blocks the main thread is inside
+
+
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Ctrl-C during the block is raised when it ends, so what the block writes together (an
-    iteration's trace rows and its metrics row) lands together or not at all. Nested, it is
-    handed to the enclosing block, which raises it when it ends. Outside the main thread (where
-    Python delivers signals) nothing changes; where SIGINT is ignored it stays ignored."""
-    if threading.current_thread() is not threading.main_thread():
+    iteration's trace rows and its metrics row) lands together or not at all. A block inside
+    another changes nothing (the outer one holds the Ctrl-C until it ends), so nesting costs no
+    handler swap. Outside the main thread (where Python delivers signals) nothing changes; where
+    SIGINT is ignored it stays ignored. Usable as a decorator too."""
+    if _deferring[0] or threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    _deferring[0] += 1
     try:
         yield
     finally:
+        _deferring[0] -= 1
         signal.signal(
             signal.SIGINT, previous if previous is not None else signal.default_int_handler
         )
     # the block ended normally (an error it raised goes on as it is, not as a Ctrl-C)
-    if caught and callable(previous):  # an enclosing block's handler holds it in turn
+    if caught and callable(previous):  # the handler before it (Python's raises KeyboardInterrupt)
         previous(signal.SIGINT, None)
     elif caught and previous is not signal.SIG_IGN:
         raise KeyboardInterrupt
@@ -129,8 +135,8 @@ class Engine(abc.ABC):
         return contextlib.nullcontext()
 
     def run_announced(self, on_iteration: Callable[[int, dict], None]) -> None:  # noqa: B027
-        """After Ctrl-C: run what the workers run anyway before they see the stop (nothing by
-        default)."""
+        """After a stop (Ctrl-C, a stop rule): run what the workers run anyway before they see
+        the stop (nothing by default)."""
 
     @abc.abstractmethod
     def step(self, t: int) -> dict:

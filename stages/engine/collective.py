@@ -279,14 +279,11 @@ class Coordinator(SyncEngine):
         if not self.aborted and self.store.check([fail_key(self.generation)]):
             self.handle_failure()
 
+    @interrupts_deferred()
     def handle_failure(self) -> None:
         """A member's all-reduce failed: every member that is alive reports it within a grace;
         the ones that do not are hung, and declared dead. Ctrl-C waits for the regrouping: the
         members that reported wait for the next generation, not for the stop."""
-        with interrupts_deferred():
-            self.regroup_after_failure()
-
-    def regroup_after_failure(self) -> None:
         grace = time.monotonic() + min(self.cfg.timeout_s, FAIL_GRACE_S)
         members = set(np.flatnonzero(self.live).tolist())
         while time.monotonic() < grace:
@@ -306,15 +303,12 @@ class Coordinator(SyncEngine):
         blob = self.store.get(fail_key(self.generation)).decode()
         return {int(w) for w in blob.split(",") if w}
 
+    @interrupts_deferred()
     def on_dead(self, workers: list[int]) -> None:
         """Regroup the survivors. Found while an iteration runs, it ends without an update and
         the new group resumes at the next one; found before it is announced, the new group
         runs it. The generation lands whole under Ctrl-C (replicas whose all-reduce failed wait
         for it)."""
-        with interrupts_deferred():
-            self.regroup()
-
-    def regroup(self) -> None:
         if self.admitting is not None:
             self.aborted = True
             self.store.set(P.cut_key(self.admitting), repr(time.time()))

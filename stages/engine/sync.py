@@ -44,7 +44,7 @@ class SyncEngine(Engine):
         self.admitting: int | None = None  # the iteration whose tickets are being read
         self.started, self.sent = 0.0, None  # when it began, and to whom
         self.holes = 0  # tickets of the iteration under way skipped: their holders died unnamed
-        self.stopping = False  # after Ctrl-C: announce nothing more
+        self.stopping = False  # after a stop (Ctrl-C, a stop rule): announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
         self.delays = [model.column(cfg.iterations, cfg.workers, w) for w in range(cfg.workers)]
