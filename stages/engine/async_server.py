@@ -115,7 +115,9 @@ class AsyncServer(Engine):
                 self.cursor = ticket
                 return None
         self.cursor = ticket
-        return self.receive(WorkerReport.decode(self.store.get(key)))
+        report = WorkerReport.decode(self.store.get(key))
+        self.janitor.retire([key])
+        return self.receive(report)
 
     def receive(self, report: WorkerReport) -> tuple[WorkerReport, torch.Tensor] | None:
         """Receive the reporting worker's gradient and write its computation's trace row."""

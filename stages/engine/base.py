@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from stages.engine import protocol as P
 from stages.engine.config import EngineConfig, sgd
+from stages.engine.janitor import KeyJanitor
 from stages.engine.report import WorkerReport
 from stages.errors import WorkerError
 from stages.policies.base import Policy
@@ -110,6 +111,7 @@ class Engine(abc.ABC):
         self.overhead = 0.0  # measured fixed cost of an iteration, smoothed
         self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
         self.t0 = time.perf_counter()
+        self.janitor = KeyJanitor(store)  # deletes the store keys of iterations long past
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:

@@ -254,6 +254,10 @@ class Coordinator(SyncEngine):
         n, live = len(reports), int(self.live.sum())
         return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
 
+    def iteration_keys(self, t: int) -> list[str]:
+        evaluated = [eval_key(t)] if t % self.cfg.eval_every == 0 else []
+        return [*super().iteration_keys(t), announce_key(t), *evaluated]
+
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):
         """Ctrl-C ends a run between iterations: the replicas apply an iteration whether or not

@@ -114,6 +114,7 @@ def run_engine(
             engine.run_announced(announced)
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
+        engine.janitor.close()
         join_or_kill(procs)
         writer.close()
         if run_dir is not None and engine.next_iteration > start:

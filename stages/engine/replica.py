@@ -66,6 +66,9 @@ class Replica(WorkerProcess):
         self.lags_ms: list[float] = []
         self.eval_due: int | None = None  # the iteration whose held-out loss is yet to publish
 
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         t = int(self.store.get("start_iteration").decode())

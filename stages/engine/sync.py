@@ -44,6 +44,7 @@ class SyncEngine(Engine):
         self.admitting: int | None = None  # the iteration whose tickets are being read
         self.started, self.sent = 0.0, None  # when it began, and to whom
         self.holes = 0  # tickets of the iteration under way skipped: their holders died unnamed
+        self.tickets = 0  # tickets of the iteration under way that may hold a report
         self.stopping = False  # after a stop (Ctrl-C, a stop rule): announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
@@ -80,7 +81,14 @@ class SyncEngine(Engine):
         )
         with interrupts_deferred():  # the trace and the iteration log agree after Ctrl-C
             self.add_rows(trace_rows, self.cutoff(out, sent))
-            return self.record(t, predicted, **{**values, **extra})
+            row = self.record(t, predicted, **{**values, **extra})
+        self.janitor.retire(self.iteration_keys(t))
+        return row
+
+    def iteration_keys(self, t: int) -> list[str]:
+        """The store keys iteration t left (deleted once it is long past)."""
+        arrivals = [P.arrival_key(t, k) for k in range(1, self.tickets + 1)]
+        return [P.go_key(t), P.ticket_key(t), P.cut_key(t), *arrivals]
 
     def begin(self, t: int) -> None:
         """Choose c for iteration t (the policy has observed every iteration before it) and
@@ -138,6 +146,7 @@ class SyncEngine(Engine):
         deadline = time.monotonic() + self.cfg.timeout_s
         reports: list[WorkerReport] = []
         self.admitting, ticket, self.holes = t, 1, 0
+        self.tickets = 0
         while (found := self.wait_arrival(t, ticket, deadline)) is not None:
             if found:
                 report = self.take(t, ticket, reports)
@@ -163,6 +172,7 @@ class SyncEngine(Engine):
         total = self.store.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
         self.store.set(P.cut_key(t), repr(time.time()))
         limit = self.ticket_limit()
+        self.tickets = min(total, limit)
         grace = time.monotonic() + min(self.cfg.timeout_s, CLOSE_GRACE_S)
         for k in range(ticket, min(total, limit) + 1):
             if len(reports) >= limit:

@@ -78,7 +78,7 @@ class WorkerProcess:
         ``cuttable``). The gradient is the mean over the samples done."""
         start, start_s = time.perf_counter(), time.time() - self.t0_epoch
         delay = self.delay(j)
-        self.model.zero_grad(set_to_none=False)
+        self.zero_grad()
         if delay > 0 and P.wait_key(self.store, stop_key, delay):
             return Gradient(None, 0, time.perf_counter() - start, delay, start_s)
         parts = self.spec.cfg.micro_batches if cuttable else 1
@@ -86,6 +86,11 @@ class WorkerProcess:
         with self.timer() as elapsed:
             loss, samples = self.micro_batches(parts, lambda: self.store.check([stop_key]))
         return Gradient(loss, samples, waited + elapsed(), delay, start_s)
+
+    def zero_grad(self) -> None:
+        """Zero the model's gradients (a worker whose gradients are views into one flat
+        buffer zeroes that in one operation)."""
+        self.model.zero_grad(set_to_none=False)
 
     @contextlib.contextmanager
     def timer(self):
@@ -116,7 +121,9 @@ class WorkerProcess:
         for i, (xb, yb) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
             if i and stop():
                 return None, done
-            loss = self.workload.loss(self.model(xb), yb) * (xb.shape[0] / size)
+            loss = self.workload.loss(self.model(xb), yb)
+            if xb.shape[0] != size:  # a micro-batch's share of the mean over the mini-batch
+                loss = loss * (xb.shape[0] / size)
             loss.backward()
             total += loss.item()
             done += xb.shape[0]
@@ -152,6 +159,9 @@ class PsWorker(WorkerProcess):
         self.params = torch.zeros(P.PARAM_HEADER + size)
         self.grad = torch.zeros(size)
         P.bind_flat(self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad)
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
 
     def run(self) -> None:
         t = int(self.store.get("start_iteration").decode())
