@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from stages.console import console
 from stages.engine import protocol as P
 from stages.engine.config import EngineConfig, sgd
 from stages.engine.janitor import KeyJanitor
@@ -36,25 +37,41 @@ PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 
 
 _deferring = [0]  # how many interrupts_deferred blocks the main thread is inside
+_held_since: list[float | None] = [None]  # when the Ctrl-C the main thread holds came
+NOTICE_AFTER_S = 1.0  # a Ctrl-C held this long is acknowledged on the console
+HELD_NOTICE = (
+    "Ctrl-C: stopping once the iteration under way is recorded whole; a slow or hung worker "
+    "can hold this up to --timeout"
+)
 
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Ctrl-C during the block is raised when it ends, so what the block writes together (an
-    iteration's trace rows and its metrics row) lands together or not at all. A block inside
-    another changes nothing (the outer one holds the Ctrl-C until it ends), so nesting costs no
-    handler swap. Outside the main thread (where Python delivers signals) nothing changes; where
-    SIGINT is ignored it stays ignored. Usable as a decorator too."""
+    iteration's trace rows and its metrics row) lands together or not at all. A Ctrl-C held
+    longer than ``NOTICE_AFTER_S`` (the block waits for a slow worker) is acknowledged on the
+    console (:func:`watch_held`), so the user knows it was heard. A block inside another changes
+    nothing (the outer one holds the Ctrl-C until it ends), so nesting costs no handler swap.
+    Outside the main thread (where Python delivers signals) nothing changes; where SIGINT is
+    ignored it stays ignored. Usable as a decorator too."""
     if _deferring[0] or threading.current_thread() is not threading.main_thread():
         yield
         return
+    watch_held()
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+
+    def hold(signum, frame) -> None:  # no locks, no threads: a handler may interrupt anything
+        if not caught:
+            _held_since[0] = time.monotonic()
+        caught.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
     _deferring[0] += 1
     try:
         yield
     finally:
         _deferring[0] -= 1
+        _held_since[0] = None
         signal.signal(
             signal.SIGINT, previous if previous is not None else signal.default_int_handler
         )
@@ -63,6 +80,33 @@ def interrupts_deferred() -> Iterator[None]:
         previous(signal.SIGINT, None)
     elif caught and previous is not signal.SIG_IGN:
         raise KeyboardInterrupt
+
+
+def interrupt_held() -> bool:
+    """Whether a Ctrl-C is being held (it ends the run once the block holding it ends)."""
+    return _held_since[0] is not None
+
+
+_watcher: list[threading.Thread] = []
+
+
+def watch_held() -> None:
+    """Start (once per process) the thread that prints :data:`HELD_NOTICE` when a Ctrl-C has
+    been held for ``NOTICE_AFTER_S``: it looks four times a second, and once per Ctrl-C."""
+    if _watcher:
+        return
+
+    def watch() -> None:
+        noticed = None
+        while True:
+            time.sleep(0.25)
+            since = _held_since[0]
+            if since is not None and since != noticed and time.monotonic() - since > NOTICE_AFTER_S:
+                noticed = since
+                console.print(f"[yellow]{HELD_NOTICE}[/]")
+
+    _watcher.append(threading.Thread(target=watch, daemon=True, name="bdsgd-ctrl-c-notice"))
+    _watcher[0].start()
 
 
 @dataclass

@@ -18,8 +18,9 @@ Two admissions, by what the policy needs:
   alone cuts (ticket c sets the cut key; with every worker admitted no ticket is taken), each
   admitted replica puts its report in its slot of the all-reduce, and the lowest replica publishes
   the reduced slots with the step (``cstep/<t>``). The coordinator announces such iterations
-  up to ``LOOKAHEAD`` ahead, in blocks (each announcement says through which iteration the
-  block holds, so a replica reads one per block), and the replicas never wait for it.
+  up to ``LOOKAHEAD`` (and ``LOOKAHEAD_S`` seconds) ahead, in blocks (each announcement says
+  through which iteration the block holds, so a replica reads one per block), and the replicas
+  never wait for it.
 
 Failures: a death (a reaped process, a ticket deadline) or a replica's report that its all-reduce
 failed (``fail/<generation>``, for a member that hangs) ends the current iteration without an
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from stages.engine import protocol as P
-from stages.engine.base import interrupts_deferred
+from stages.engine.base import interrupt_held, interrupts_deferred
 from stages.engine.config import scaled_lr
 from stages.engine.report import WorkerReport
 from stages.engine.sync import SyncEngine
@@ -46,7 +47,8 @@ from stages.errors import WorkerError
 from stages.workloads import resolve_device
 
 FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
-LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead
+LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead, at most
+LOOKAHEAD_S = 0.25  # ... and no more than this much time ahead (a stop waits for them)
 
 
 # -- store keys of the collective protocol ----------------------------------------------------
@@ -134,6 +136,7 @@ class Coordinator(SyncEngine):
         self.generation = -1
         self.members: list[int] = []
         self.last_cut = 0.0
+        self.cycle_s: float | None = None  # an iteration's duration (cut to cut), smoothed
         self.pending_evals: dict[int, int] = {}  # iteration -> its index in the log
         self.replica: tuple[int, bytes] | None = None  # (steps, state) last fetched
         self.lags_ms: list[float] = []
@@ -192,12 +195,17 @@ class Coordinator(SyncEngine):
 
     def ahead(self, t: int) -> int:
         """A c that depends on nothing observed is announced ahead, a block at a time: once
-        fewer than half of ``LOOKAHEAD`` iterations remain announced, through t + LOOKAHEAD."""
-        if self.reads_arrivals or self.stopping:
+        fewer than half of the window remain announced, through t + window. The window is
+        ``LOOKAHEAD`` iterations, fewer where those would take longer than ``LOOKAHEAD_S``
+        (none before an iteration was timed): the replicas run every announced iteration
+        before they see a stop, so a Ctrl-C on slow iterations waits for few of them, while
+        fast ones, where a round trip per iteration would show, are read a block at a time."""
+        if self.reads_arrivals or self.stopping or interrupt_held() or self.cycle_s is None:
             return 0
-        if self.announced >= t + LOOKAHEAD // 2:
+        window = min(LOOKAHEAD, int(LOOKAHEAD_S / max(self.cycle_s, 1e-9)))
+        if self.announced >= t + window // 2:
             return self.announced - t  # nothing new to announce
-        return min(LOOKAHEAD, self.cfg.iterations - 1 - t)
+        return min(window, self.cfg.iterations - 1 - t)
 
     def admit(self, t: int) -> list[WorkerReport]:
         """An online iteration reads arrivals as they come (the shared admission); a fixed-c
@@ -246,6 +254,9 @@ class Coordinator(SyncEngine):
         (cut to cut) and logs the learning rate they use."""
         now = time.perf_counter()
         iteration_s, self.last_cut = now - self.last_cut, now
+        self.cycle_s = (
+            iteration_s if self.cycle_s is None else 0.8 * self.cycle_s + 0.2 * iteration_s
+        )
         self.collect_evals()
         if t % self.cfg.eval_every == 0:
             self.pending_evals[t] = len(self.log.rows.get("iteration", []))
@@ -267,8 +278,8 @@ class Coordinator(SyncEngine):
 
     def run_announced(self, on_iteration) -> None:
         """After a stop (Ctrl-C, a target or a wall-clock budget): announce nothing more and
-        record the iterations already announced (up to ``LOOKAHEAD`` for a fixed c, the next
-        one online), which the replicas run before they see the stop, so the log, the traces
+        record the iterations already announced (up to ``LOOKAHEAD`` and about ``LOOKAHEAD_S``
+        seconds of them for a fixed c, the next one online), which the replicas run before they see the stop, so the log, the traces
         and the checkpoint agree. Ctrl-C during it ends it at once (it runs once)."""
         if self.stopping:
             return

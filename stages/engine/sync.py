@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from stages.engine import protocol as P
-from stages.engine.base import Engine, interrupts_deferred
+from stages.engine.base import Engine, interrupt_held, interrupts_deferred
 from stages.engine.report import WorkerReport
 from stages.goodput import NoiseScale
 from stages.policies.driver import IterationDriver, Outcome
@@ -62,7 +62,8 @@ class SyncEngine(Engine):
         iteration_s, extra = self.apply(t, reports, start)
         self.measure_overhead(iteration_s, out.cut_s)
         predicted = self.policy.describe()
-        if t + 1 < self.cfg.iterations and not (self.stopping and t + 1 > self.announced):
+        stop = self.stopping or interrupt_held()  # a held Ctrl-C ends the run after t
+        if t + 1 < self.cfg.iterations and not (stop and t + 1 > self.announced):
             self.begin(t + 1)
         trace_rows = self.trace_reports(t, out, reports, sent, start)
         losses = [r.loss for r in reports]
@@ -116,13 +117,15 @@ class SyncEngine(Engine):
 
     def stop_workers(self, current: int) -> None:
         """Tell the workers to stop after the last iteration announced (``current``, or the
-        one after it when it was announced early) and cut that one short."""
+        one after it when it was announced early) and cut that one short, and the one after it
+        (a replica computes it before it reads the stop: its injected delay ends at once)."""
         last = max(current, self.announced)
         try:
             for t in (last, last + 1):
                 if t >= 0 and not self.store.check([P.go_key(t)]):
                     self.store.set(P.go_key(t), P.STOP)
-            self.store.set(P.cut_key(max(last, 0)), repr(time.time()))
+            for t in (max(last, 0), last + 1):
+                self.store.set(P.cut_key(t), repr(time.time()))
         except RuntimeError:
             pass  # the store is gone: workers will notice and exit on their own
 

@@ -298,7 +298,8 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     """The replicas run every iteration announced to them (up to 8 ahead for a fixed c, the
     next one online) before they see the stop: after Ctrl-C, between iterations or while one is
     admitted, the coordinator records those too, so the log, the traces and the checkpoint's
-    replica state agree (a resumed run continues right after the last logged iteration)."""
+    replica state agree (a resumed run continues right after the last logged iteration). A
+    Ctrl-C held while an iteration runs announces nothing more."""
     from stages.engine.collective import Coordinator
 
     cfg = collective_config(iterations=400, stragglers="synthetic:base_s=0.002")
@@ -314,9 +315,29 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     result = run_engine(cfg, chosen, tmp_path / "traces", on_iteration, tmp_path / "run")
     logged = result.log["iteration"]
     assert result.interrupted and logged == list(range(len(logged)))
-    assert len(logged) > 31  # the interrupted iteration and at least one announced after it
+    if where == "mid-iteration" and policy == "online":
+        assert len(logged) == 31  # Ctrl-C held while 30 ran: nothing was announced after it
+    else:  # announced before the Ctrl-C (a block of fixed-c iterations, or the next one)
+        assert len(logged) > 31
     _, steps = replica_params(tmp_path / "run")
     assert steps == len(logged)
     rows = TraceStore(tmp_path / "traces").read()
     assert sorted(set(rows["iteration"].to_list())) == logged
     assert result.extras["replicas_identical"]
+
+
+def test_ctrl_c_on_slow_iterations_stops_after_the_one_under_way(tmp_path, monkeypatch):
+    """Iterations of 0.3 s (a worker's injected delay, every gradient awaited) are announced
+    one at a time (8 of them would keep a stop waiting 2.4 s): Ctrl-C while iteration 3 is
+    admitted ends the run after it, with log, traces and replica state agreeing."""
+    from stages.engine.collective import Coordinator
+
+    replay = write_replay_trace(tmp_path / "replay", [[0.3, FAST_S, FAST_S, FAST_S]] * 12)
+    cfg = collective_config(iterations=12, stragglers=f"replay:{replay}")
+    sigint_after(Coordinator, "admit", 3, monkeypatch)
+    result = run_engine(cfg, RecordingStatic(4), tmp_path / "traces", lambda t, r: None,
+                        tmp_path / "run")  # fmt: skip
+    assert result.interrupted and result.log["iteration"] == [0, 1, 2, 3]
+    assert replica_params(tmp_path / "run")[1] == 4
+    rows = TraceStore(tmp_path / "traces").read()
+    assert sorted(set(rows["iteration"].to_list())) == [0, 1, 2, 3]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import torch.distributed as dist
 
+from stages.engine import base
 from stages.engine import protocol as P
 from stages.engine.base import interrupts_deferred
 from stages.engine.report import WorkerReport
@@ -154,3 +156,26 @@ def test_an_error_in_a_deferred_block_is_not_turned_into_ctrl_c():
             os.kill(os.getpid(), signal.SIGINT)
             raise RuntimeError("a worker died")
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_ctrl_c_held_for_long_is_acknowledged_once(monkeypatch):
+    """A block waiting for a slow worker: the held Ctrl-C is acknowledged on the console once
+    (not again for a second Ctrl-C of the same hold), and raised when the block ends."""
+    monkeypatch.setattr(base, "NOTICE_AFTER_S", 0.05)
+    printed: list[str] = []
+    monkeypatch.setattr(base.console, "print", lambda text, *a, **k: printed.append(text))
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            wait_for(lambda: printed)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.6)  # the watcher looks twice meanwhile
+    assert len(printed) == 1 and "Ctrl-C" in printed[0]
+    assert base._held_since[0] is None  # released with the block: nothing more to notice
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.01)
