@@ -21,10 +21,10 @@ import numpy as np
 from schemas.run_dir import iterations_table, write_atomic, write_run_dir
 from stages.capacity import check_capacity
 from stages.console import console, progress
-from stages.engine.base import STATE_VERSION, StopRun
+from stages.engine.base import READABLE_STATE_VERSIONS, STATE_VERSION, StopRun
+from stages.engine.checkpoint import STATE_FILE, remove_segments, with_whole_log
 from stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
 from stages.engine.launch import (
-    STATE_FILE,
     EngineResult,
     Torchrun,
     run_engine,
@@ -196,7 +196,8 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
 
 
 RUN_FILES = (STATE_FILE, "summary.json", "iterations.parquet")
-"""What a previous run left in a run directory (``--force`` removes them, nothing else)."""
+"""What a previous run left in a run directory (``--force`` removes them and the iteration-log
+segments under ``log/``, nothing else)."""
 
 
 def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
@@ -220,6 +221,7 @@ def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
         out.mkdir(parents=True, exist_ok=True)
         for name in RUN_FILES:  # a previous run's (--force): never mixed with this one's
             (out / name).unlink(missing_ok=True)
+        remove_segments(out)
         write_atomic(out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
     except OSError as exc:
         raise ConfigError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
@@ -271,12 +273,12 @@ def load_state(run_dir: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
     state = load_plain(path, "server checkpoint")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READABLE_STATE_VERSIONS:
         raise CheckpointError(
             f"{path}: not a bdsgd engine checkpoint of version {STATE_VERSION} (written by an "
             "older bdsgd: start a new run)"
         )
-    return state
+    return with_whole_log(run_dir, state)
 
 
 def check_resumable(state: dict, engine: EngineConfig, policy: Policy, run_dir: Path) -> None:

@@ -32,7 +32,8 @@ from stages.policies.base import Policy
 from stages.store import TraceWriter
 from stages.workloads import Workload
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: the iteration log's older rows in segments (checkpoint.py)
+READABLE_STATE_VERSIONS = (2, 3)  # 2 holds the whole log: it resumes as it is
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 
 

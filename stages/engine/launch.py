@@ -25,6 +25,7 @@ from stages.engine import protocol as P
 from stages.engine.async_server import AsyncServer
 from stages.engine.async_worker import async_worker_main
 from stages.engine.base import Engine, StopRun
+from stages.engine.checkpoint import Checkpointer
 from stages.engine.collective import Coordinator
 from stages.engine.config import EngineConfig
 from stages.engine.ps import ParameterServer
@@ -32,7 +33,6 @@ from stages.engine.replica import replica_main
 from stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
 from stages.errors import ConfigError, WorkerError
 from stages.policies.base import Policy
-from stages.safe_load import save_atomic
 from stages.store import TraceStore, TraceWriter
 from stages.workloads import load_workload
 
@@ -54,9 +54,6 @@ def variant(cfg: EngineConfig, policy: Policy) -> str:
             "--engine ps only, on CPU"
         )
     return "async"
-
-
-STATE_FILE = "server_state.pt"
 
 
 @dataclass
@@ -102,10 +99,11 @@ def run_engine(
     if procs:  # torchrun: timeouts tell
         engine.alive = lambda w: procs[w].is_alive()
     interrupted = False
+    ckpt = None if run_dir is None else Checkpointer(run_dir, resume_segments(resume))
     # after a stop, what the workers run anyway is recorded, its rows shown, not judged again
-    announced = _with_checkpoints(engine, _stop_ignored(on_iteration), run_dir)
+    announced = _with_checkpoints(engine, _stop_ignored(on_iteration), ckpt)
     try:
-        engine.run(start, _with_checkpoints(engine, on_iteration, run_dir))
+        engine.run(start, _with_checkpoints(engine, on_iteration, ckpt))
         engine.run_announced(announced)
     except KeyboardInterrupt:
         interrupted = True  # the caller writes what it has, then reports the interrupt
@@ -117,8 +115,8 @@ def run_engine(
         engine.janitor.close()
         join_or_kill(procs)
         writer.close()
-        if run_dir is not None and engine.next_iteration > start:
-            save_state(run_dir, engine.state(engine.next_iteration))
+        if ckpt is not None and engine.next_iteration > start:
+            ckpt.save(engine.state(engine.next_iteration))
     return EngineResult(
         engine.log.rows,
         engine.dead_at,
@@ -215,16 +213,16 @@ def _stop_ignored(on_iteration):
     return callback
 
 
-def _with_checkpoints(engine: Engine, on_iteration, run_dir: Path | None):
+def _with_checkpoints(engine: Engine, on_iteration, ckpt: Checkpointer | None):
     def callback(t: int, row: dict) -> None:
         on_iteration(t, row)
-        if run_dir is not None and (t + 1) % engine.cfg.record_batch == 0:
+        if ckpt is not None and (t + 1) % engine.cfg.record_batch == 0:
             engine.flush_through(t)
-            save_state(run_dir, engine.state(t + 1))
+            ckpt.save(engine.state(t + 1))
 
     return callback
 
 
-def save_state(run_dir: Path, state: dict) -> None:
-    """Atomically replace the server checkpoint in the run directory."""
-    save_atomic(state, run_dir / STATE_FILE)
+def resume_segments(resume: dict | None) -> int:
+    """The iteration-log segments the run directory holds already (a resumed run)."""
+    return int(resume.get("log_segments", 0)) if resume else 0

@@ -11,8 +11,9 @@ import polars as pl
 import pytest
 import torch
 
+from stages.engine.checkpoint import STATE_FILE
 from stages.engine.config import EngineConfig
-from stages.engine.launch import STATE_FILE, run_engine
+from stages.engine.launch import run_engine
 from stages.policies.asynchronous import KAsync
 from stages.store import TraceStore
 from tests.stages.engine import write_replay_trace

@@ -13,9 +13,10 @@ import polars as pl
 import pytest
 import torch
 
+from stages.engine.checkpoint import STATE_FILE
 from stages.engine.collective import decode_announcement, encode_announcement, load_replica_state
 from stages.engine.config import EngineConfig, scaled_lr
-from stages.engine.launch import STATE_FILE, run_engine
+from stages.engine.launch import run_engine
 from stages.store import TraceStore
 from stages.workloads import load_workload
 from tests.stages.engine import write_replay_trace

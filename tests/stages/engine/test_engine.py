@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from stages.engine.base import ServerModel
+from stages.engine.checkpoint import STATE_FILE
 from stages.engine.config import EngineConfig, scaled_lr
-from stages.engine.launch import STATE_FILE, run_engine
+from stages.engine.launch import run_engine
 from stages.policies.cutoff import StaticCutoff
 from stages.store import TraceStore
 from stages.workloads import load_workload

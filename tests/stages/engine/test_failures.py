@@ -13,8 +13,9 @@ import polars as pl
 import pytest
 import torch
 
+from stages.engine.checkpoint import STATE_FILE
 from stages.engine.config import EngineConfig
-from stages.engine.launch import STATE_FILE, run_engine
+from stages.engine.launch import run_engine
 from stages.errors import WorkerError
 from stages.store import TraceStore
 from stages.workloads import load_workload
