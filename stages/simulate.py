@@ -228,12 +228,12 @@ def drive(
     order: np.ndarray | None = None,
 ) -> Outcome:
     """One iteration of recorded arrivals: the live workers arrive in ``order`` (default: by
-    run-time) until the driver ends the iteration."""
+    run-time) until the driver ends the iteration (at an arrival, or at a tick between two)."""
     driver.begin(live)
     if order is None:
         order = np.argsort(np.where(live, runtimes, np.inf), kind="stable")[: int(live.sum())]
     for w in order:
-        if driver.arrive(int(w), float(runtimes[w])):
+        if driver.wait_until(float(runtimes[w])) or driver.arrive(int(w), float(runtimes[w])):
             break
     return driver.end(censored)
 

@@ -45,6 +45,7 @@ class SyncEngine(Engine):
         self.started, self.sent = 0.0, None  # when it began, and to whom
         self.holes = 0  # tickets of the iteration under way skipped: their holders died unnamed
         self.tickets = 0  # tickets of the iteration under way that may hold a report
+        self.arrival_read = 0.0  # when the last arrival was handed to the driver
         self.stopping = False  # after a stop (Ctrl-C, a stop rule): announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
@@ -153,6 +154,7 @@ class SyncEngine(Engine):
         while (found := self.wait_arrival(t, ticket, deadline)) is not None:
             if found:
                 report = self.take(t, ticket, reports)
+                self.arrival_read = time.perf_counter()
                 if self.driver.arrive(report.worker, report.runtime_s):
                     break
             else:
@@ -192,10 +194,12 @@ class SyncEngine(Engine):
         key, missing_since = P.arrival_key(t, ticket), None
         if ticket > self.ticket_limit():
             return None  # a hole took an admitted ticket: nobody else is admitted
-        while not P.wait_key(self.store, key, 0.05):
+        while not P.wait_key(self.store, key, self.wait_slice()):
             self.poll()
             if self.aborted or self.all_reported():
                 return None
+            if self.driver.wait(self.driver_now()):
+                return None  # asked again while waiting, the policy stops here
             taken = self.store.add(P.ticket_key(t), 0) >= ticket
             missing_since = missing_since or (time.monotonic() if taken else None)
             if missing_since and self.holder_died(missing_since):
@@ -203,6 +207,18 @@ class SyncEngine(Engine):
             if time.monotonic() > deadline:
                 return self.declare_hung(t, ticket)
         return True
+
+    def driver_now(self) -> float:
+        """The present in the driver's time (worker run-times): the last arrival's run-time plus
+        the time since it was read."""
+        return self.driver.latest + (time.perf_counter() - self.arrival_read)
+
+    def wait_slice(self) -> float:
+        """How long to wait for a ticket before looking again: 50 ms, or until the driver's
+        next tick."""
+        if self.driver.next_tick is None:
+            return 0.05
+        return min(0.05, max(self.driver.next_tick - self.driver_now(), 0.001))
 
     def ticket_limit(self) -> int:
         """The last admitted ticket: c, or for an online iteration the live count announced."""

@@ -301,8 +301,13 @@ def test_an_online_policy_ends_the_iteration_at_its_revised_c(c, revised):
     result = replay(policy, run, 0, 0.0)
     assert result.columns["c"] == [revised]
     assert result.columns["iteration_s"] == [float(revised)]  # the revised c-th arrival
-    # asked at each arrival with exactly the workers in so far, up to the one that ended it
-    assert [now for now, _ in policy.calls] == [1.0, 2.0, 3.0][:revised]
-    assert [a.sum() for _, a in policy.calls] == list(range(1, revised + 1))
+    # asked at each arrival with exactly the workers in so far, up to the one that ended it,
+    # and in between at ticks (0.05 s after an arrival, doubling) with the same workers in
+    arrivals = [call for i, call in enumerate(policy.calls)
+                if i == 0 or call[1].sum() != policy.calls[i - 1][1].sum()]  # fmt: skip
+    assert [now for now, _ in arrivals] == [1.0, 2.0, 3.0][:revised]
+    assert [a.sum() for _, a in arrivals] == list(range(1, revised + 1))
+    ticks = [now for now, a in policy.calls if a.sum() == 1]
+    assert ticks == pytest.approx([1.0, 1.05, 1.1, 1.2, 1.4, 1.8][: len(ticks)]) and ticks
     runtimes, censored = policy.seen[0]
     assert censored.sum() == 4 - revised and np.all(runtimes[censored] == float(revised))

@@ -26,6 +26,7 @@ from tests.stages.engine.test_engine import (
     SLOW_S,
     RecordingStatic,
     ScriptedOnline,
+    at_arrivals,
     engine_config,
     kill_worker_at,
 )
@@ -125,7 +126,7 @@ def test_an_online_policy_admits_its_revised_c(tmp_path):
     policy = ScriptedOnline()
     result = run_engine(cfg, policy, tmp_path / "traces", lambda t, row: None)
     assert result.log["c"] == [3] * cfg.iterations
-    assert len(policy.revisions) == 3 * cfg.iterations
+    assert len(at_arrivals(policy.revisions)) == 3 * cfg.iterations
     rows = TraceStore(tmp_path / "traces").read()
     assert rows.filter(pl.col("worker") == 3)["censored"].all()
     assert rows["cutoff"].to_list() == [3] * rows.height

@@ -155,11 +155,26 @@ def test_an_online_policy_admits_its_revised_c_as_gradients_arrive(online_run):
         assert censored.tolist() == [False, False, False, True]
 
 
+def at_arrivals(revisions: list) -> list:
+    """The revise calls made at an arrival (one more worker in than the call before); the
+    others were made at the driver's ticks, while nothing arrived."""
+    return [r for i, r in enumerate(revisions)
+            if i == 0 or r[2].sum() != revisions[i - 1][2].sum()]  # fmt: skip
+
+
 def test_revise_is_shown_each_arrival_in_order(online_run):
+    """At each arrival (1, 2, 3 of each iteration) in order; in between, at ticks, with the
+    same workers in and the present moving on."""
     cfg, policy, _, _ = online_run
-    assert len(policy.revisions) == 3 * cfg.iterations  # arrivals 1, 2, 3 of each iteration
-    for i in range(0, len(policy.revisions), 3):
-        calls = policy.revisions[i : i + 3]
+    arrivals = at_arrivals(policy.revisions)
+    assert len(arrivals) == 3 * cfg.iterations
+    for (now, _, arrived), (later, _, same) in zip(
+        policy.revisions, policy.revisions[1:], strict=False
+    ):
+        if arrived.sum() == same.sum():
+            assert later > now and same.tolist() == arrived.tolist()
+    for i in range(0, len(arrivals), 3):
+        calls = arrivals[i : i + 3]
         assert [int(a.sum()) for _, _, a in calls] == [1, 2, 3]
         assert calls[1][2].tolist() == [True, True, False, False]  # the two fast ones first
         now, runtimes, arrived = calls[-1]
@@ -277,3 +292,31 @@ def test_a_worker_killed_mid_iteration_ends_it_with_the_others_gradients(killed_
     assert dead["censored"].to_list() == [False] * 4 + [True]
     assert rows.filter(pl.col("worker") != 1).height == 3 * cfg.iterations
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+
+
+class GiveUp(RecordingStatic):
+    """Online: at each arrival waits for every worker; asked again while nothing arrives (the
+    driver's ticks), stops once 0.3 s have passed."""
+
+    online = True
+
+    def __init__(self) -> None:
+        super().__init__(4)
+
+    def revise(self, now_s, runtimes, arrived) -> int:
+        return int(arrived.sum()) if now_s >= 0.3 else 4
+
+
+@pytest.mark.parametrize("engine", ["ps", "collective"])
+def test_a_waiting_online_policy_cuts_a_straggler_between_arrivals(tmp_path, engine):
+    """Worker 3 takes 5 s every iteration; the policy, asked at each arrival, waits for it, and
+    asked again while nothing arrives, stops: every iteration admits the other 3, and worker 3 is
+    censored at the tick that cut it (0.3 s or later: ticks 0.05 s after the last arrival,
+    doubling), not at its 5 s."""
+    replay = write_replay_trace(tmp_path / "replay", [[FAST_S, FAST_S, FAST_S, SLOW_S]] * 3)
+    cfg = engine_config(engine=engine, iterations=3, stragglers=f"replay:{replay}")
+    result = run_engine(cfg, GiveUp(), tmp_path / "traces", lambda t, r: None)
+    assert result.log["c"] == [3, 3, 3]
+    rows = TraceStore(tmp_path / "traces").read().filter(pl.col("worker") == 3)
+    assert rows["censored"].to_list() == [True] * 3
+    assert all(0.3 <= x < SLOW_S for x in rows["runtime_s"].to_list())

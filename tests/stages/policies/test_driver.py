@@ -44,6 +44,41 @@ def test_the_driver_ends_at_c_and_censors_the_rest_at_the_cut():
     assert np.array_equal(policy.seen[0][1], out.censored)
 
 
+class Patient(Fixed):
+    """Online: at each arrival waits for every worker; asked again while nothing arrives, stops
+    once ``give_up_s`` has passed. Records the presents it was asked at."""
+
+    online = True
+
+    def __init__(self, give_up_s):
+        super().__init__(4)
+        self.give_up_s, self.asked = give_up_s, []
+
+    def revise(self, now_s, runtimes, arrived):
+        self.asked.append(round(now_s, 6))
+        return int(arrived.sum()) if now_s >= self.give_up_s else 4
+
+
+def test_a_waiting_online_policy_is_asked_again_and_cuts_between_arrivals():
+    """Arrivals at 0.1, 0.12 and 5.0 s: asked at each arrival, then at ticks 0.05 s after the
+    last one and doubling (0.17, 0.22, 0.32): it stops at 0.32, and the iteration is cut there,
+    the two workers still out censored at 0.32."""
+    policy = Patient(give_up_s=0.3)
+    out = drive(IterationDriver(policy, 4), np.ones(4, dtype=bool),
+                np.array([0.1, 0.12, 5.0, 9.0]))  # fmt: skip
+    assert policy.asked == [0.1, 0.12, 0.17, 0.22, 0.32]
+    assert out.order == (0, 1) and out.cut_s == pytest.approx(0.32)
+    assert out.censored.tolist() == [False, False, True, True]
+    assert out.runtimes[2:].tolist() == pytest.approx([0.32, 0.32])
+
+
+def test_a_policy_that_waits_is_not_asked_again_once_the_last_worker_arrives():
+    policy = Patient(give_up_s=10.0)
+    out = drive(IterationDriver(policy, 2), np.ones(2, dtype=bool), np.array([0.1, 0.5]))
+    assert out.c == 2 and out.cut_s == 0.5
+    assert policy.asked == [0.1, 0.15, 0.2, 0.3]  # ticks before 0.5; the last arrival ends it
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine", ["collective", "ps"])
 def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_path, engine):
@@ -68,7 +103,7 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_p
     rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
     replayed = policy()
     driver = IterationDriver(replayed, 4)
-    cs = []
+    cs, ticked = [], 0
     for t in range(cfg.iterations):
         it = rows.filter(pl.col("iteration") == t)
         censored = it["censored"].to_numpy()
@@ -79,6 +114,11 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_p
         assert out.order == tuple(result.log["order"][t]), t
         assert out.c == result.log["c"][t]
         assert out.censored.tolist() == censored.tolist()
-        assert np.array_equal(out.runtimes, it["runtime_s"].to_numpy())
+        recorded = it["runtime_s"].to_numpy()
+        assert np.array_equal(out.runtimes[~censored], recorded[~censored])
+        # censored at the cut: an arrival's run-time, or a tick, which the engine acts on when
+        # its clock reaches it (so no earlier than the simulator)
+        assert np.all(recorded[censored] >= out.runtimes[censored])
+        ticked += out.cut_s > max(out.runtimes[~censored], default=0.0)
         cs.append(out.c)
     assert len(set(cs)) > 1 or cs[0] < 4  # bdsgd did cut: the comparison is not all-full
