@@ -92,6 +92,15 @@ device = click.option(
     help="Where the collective engine's workers compute: each takes its own GPU (LOCAL_RANK) "
     "and NCCL when there are enough, gloo otherwise; auto: cuda when a GPU is visible.",
 )
+allreduce = click.option(
+    "--allreduce",
+    type=click.Choice(["auto", "ring", "star"]),
+    default="auto",
+    show_default=True,
+    help="How the collective engine's CPU replicas sum over gloo: ring (gloo's all-reduce), "
+    "star (the lowest replica sums and sends the sum back: fewer wake-ups, N x the model at one "
+    "process); auto: star for a model of up to 8M parameters on one machine, else ring.",
+)
 skip_bad_files = click.option(
     "--skip-bad-files",
     is_flag=True,

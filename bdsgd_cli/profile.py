@@ -22,6 +22,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.micro_batches
 @options.engine
 @options.device
+@options.allreduce
 @options.host
 @options.timeout
 @options.allow_oversubscribe

@@ -44,6 +44,7 @@ SPEC_KEYS = (
 @options.micro_batches
 @options.engine
 @options.device
+@options.allreduce
 @click.option(
     "--salvage",
     is_flag=True,

@@ -71,3 +71,67 @@ def allreduce_iterations_per_s(
             p.join(10)
             if p.is_alive():
                 p.kill()
+
+
+def _sum_worker(rank: int, world: int, port: int, reps: int, mode: str, gap_s: float, q) -> None:
+    P.quiet_c10d_logs()
+    torch.set_num_threads(1)
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60)
+    )
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._timeout = datetime.timedelta(seconds=60)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("sum/", store), rank, world, opts)
+    size = sum(p.numel() for p in load_workload("mlp", seed=0).model.parameters())
+    buf, inbox = torch.ones(size), [torch.empty(size) for _ in range(world - 1)]
+    times = []
+    for i in range(reps + 3):
+        group.barrier().wait()
+        time.sleep(gap_s)  # every process idle, as while the stragglers of an iteration run
+        tic = time.perf_counter()
+        if mode == "ring":
+            group.allreduce([buf]).wait()
+        elif rank == 0:  # the star, as the collective engine's replicas run it
+            for work in [group.recv([b], r, 11) for r, b in enumerate(inbox, 1)]:
+                work.wait()
+            for b in inbox:
+                buf.add_(b)
+            for work in [group.send([buf], r, 11) for r in range(1, world)]:
+                work.wait()
+        else:
+            group.send([buf], 0, 11).wait()
+            group.recv([buf], 0, 11).wait()
+        if i >= 3:
+            times.append(time.perf_counter() - tic)
+    q.put(sorted(times)[len(times) // 2] * 1e3)
+
+
+def sum_ms(workers: int, mode: str, gap_s: float = 0.02, reps: int = 40) -> float:
+    """Median milliseconds of one sum of the mlp's gradient among ``workers`` processes, by
+    gloo's ring all-reduce (``ring``) or the star (``star``), each started after every process
+    sat idle for ``gap_s``; the median over the processes."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    args = (workers, store.port, reps, mode, gap_s, q)
+    procs = [ctx.Process(target=_sum_worker, args=(r, *args), daemon=True) for r in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        return float(sorted(q.get(timeout=300) for _ in procs)[workers // 2])
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+def sum_table(repeats: int = 1) -> str:
+    """Ring against star, 2, 4 and 6 processes (``python -c "from benchmarks.allreduce import
+    sum_table; print(sum_table())"``, once as is and once under ``chrt -r 10``)."""
+    lines = ["| processes | ring (ms, p50) | star (ms, p50) |", "|---|---|---|"]
+    for n in (2, 4, 6):
+        ring, star = (min(sum_ms(n, m) for _ in range(repeats)) for m in ("ring", "star"))
+        lines.append(f"| {n} | {ring:.2f} | {star:.2f} |")
+    return "\n".join(lines)

@@ -295,7 +295,7 @@ def _censored_rows(traces: Path, run_id: str) -> int:
 
 
 def engine_iterations_per_s(
-    workers: int, iterations: int, micro_batches: int, engine: str
+    workers: int, iterations: int, micro_batches: int, engine: str, allreduce: str = "auto"
 ) -> float:
     """The engine's iterations per second (policy full, no stragglers), over all but the first
     10 iterations."""
@@ -308,6 +308,7 @@ def engine_iterations_per_s(
             engine=engine,
             micro_batches=micro_batches,
             hosts=("local",) * workers,
+            allreduce=allreduce,
         )
         res = run_engine(cfg, make_policy("full", workers), Path(tmp) / "traces", lambda t, r: None)
     wall = np.asarray(res.log["wall_s"])
@@ -316,28 +317,29 @@ def engine_iterations_per_s(
 
 def overhead_section(quick: bool, repeats: int = 3) -> str:
     """Both engines (policy full, no stragglers) against all_reduce, same workers, interleaved;
-    with the default 4 micro-batches and with 1. Each figure is the median of ``repeats`` runs
-    (single runs on a shared 2-core machine vary by 20-30%)."""
+    with the default 4 micro-batches and with 1, and the collective engine also with gloo's ring
+    (``--allreduce ring``; ``auto`` sums by star here). Each figure is the median of ``repeats``
+    runs (single runs on a shared 2-core machine vary by 20-30%)."""
     iterations = 60 if quick else 200
+    configs = {"collective4": ("collective", 4, "auto"), "collective1": ("collective", 1, "auto"),
+               "ring4": ("collective", 4, "ring"), "ps4": ("ps", 4, "auto"),
+               "ps1": ("ps", 1, "auto")}  # fmt: skip
     lines = [
-        "| workers | all_reduce it/s | collective (4) | collective (1) | ps (4) | ps (1) | "
-        "collective ratio (4) / (1) | ps ratio (4) / (1) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workers | all_reduce it/s | collective (4) | collective (1) | collective, ring (4) | "
+        "ps (4) | ps (1) | collective ratio (4) / (1) | ring ratio (4) | ps ratio (4) / (1) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in (2, 4) if quick else (2, 4, 6):
         runs: dict[str, list[float]] = {}
         for _ in range(1 if quick else repeats):
             runs.setdefault("ar", []).append(allreduce_iterations_per_s(n, iterations))
-            for e in ("collective", "ps"):
-                for m in (4, 1):
-                    its = engine_iterations_per_s(n, iterations, m, e)
-                    runs.setdefault(f"{e}{m}", []).append(its)
-        ar, c4, c1, p4, p1 = (
-            float(np.median(runs[k])) for k in ("ar", "collective4", "collective1", "ps4", "ps1")
-        )
+            for key, (engine, m, allreduce) in configs.items():
+                its = engine_iterations_per_s(n, iterations, m, engine, allreduce)
+                runs.setdefault(key, []).append(its)
+        ar, c4, c1, r4, p4, p1 = (float(np.median(runs[k])) for k in ("ar", *configs))
         lines.append(
-            f"| {n} | {ar:.1f} | {c4:.1f} | {c1:.1f} | {p4:.1f} | {p1:.1f} | "
-            f"{c4 / ar:.2f}x / {c1 / ar:.2f}x | {p4 / ar:.2f}x / {p1 / ar:.2f}x |"
+            f"| {n} | {ar:.1f} | {c4:.1f} | {c1:.1f} | {r4:.1f} | {p4:.1f} | {p1:.1f} | "
+            f"{c4 / ar:.2f}x / {c1 / ar:.2f}x | {r4 / ar:.2f}x | {p4 / ar:.2f}x / {p1 / ar:.2f}x |"
         )
     return "\n".join(lines)
 
@@ -357,7 +359,8 @@ def run(quick: bool = False) -> str:
             "",
             "With `full` (or `static:C`) the collective engine's replicas decide alone: one "
             "store round trip per block of up to 8 announced iterations, the reports in the "
-            "all-reduce, the coordinator off the critical path; what remains is the coordinator "
+            "sum (by star on one machine, `--allreduce auto`; the ring column is gloo's "
+            "all-reduce), the coordinator off the critical path; what remains is the coordinator "
             "process sharing the cores (its log and trace rows, its store thread) and the "
             "noise-scale statistics; the held-out evaluation every 10 iterations runs while the "
             "next all-reduce waits. The ps engine also sends the parameters to every worker and "

@@ -49,6 +49,8 @@ class ProfileConfig:
     (collective for the cutoff policies, ps for the asynchronous ones, which need it)."""
     device: str = "auto"
     """auto, cpu or cuda: where the collective engine's workers compute."""
+    allreduce: str = "auto"
+    """ring, star or auto: how the collective engine's CPU replicas sum over gloo."""
     host: str = "127.0.0.1"
     """Address the control store and the server bind to."""
     timeout_s: float = 60.0

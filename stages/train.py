@@ -75,6 +75,8 @@ class TrainConfig:
     """auto, cpu or cuda: where the collective engine's workers compute."""
     salvage: bool = False
     """Collective engine: cut-off workers contribute the micro-batches they finished."""
+    allreduce: str = "auto"
+    """ring, star or auto: how the collective engine's CPU replicas sum over gloo."""
     lr: float = 0.05
     """Learning rate when every live worker's gradient is applied."""
     lr_scaling: str = "linear"

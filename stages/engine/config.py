@@ -13,6 +13,7 @@ from stages.errors import ConfigError
 
 ENGINES = ("auto", "collective", "ps")
 DEVICES = ("auto", "cpu", "cuda")
+ALLREDUCES = ("auto", "ring", "star")
 LR_SCALINGS = ("linear", "sqrt", "none", "adascale")
 
 
@@ -28,6 +29,7 @@ class EngineConfig:
     engine: str = "auto"  # ps | collective | auto (collective, or ps for asynchronous policies)
     device: str = "auto"  # auto | cpu | cuda (collective engine only)
     salvage: bool = False  # collective: a cut-off worker contributes its finished micro-batches
+    allreduce: str = "auto"  # collective over gloo on CPU: ring | star | auto (see collective.py)
     workload: str = "mlp"
     batch_size: int = 32
     micro_batches: int = 4
@@ -53,6 +55,10 @@ class EngineConfig:
         if self.engine == "ps" and self.device == "cuda":  # (auto: the CPU on the ps engine)
             raise ConfigError("--device cuda needs --engine collective (the parameter server "
                               "computes on CPU)")  # fmt: skip
+        if self.allreduce not in ALLREDUCES:
+            raise ConfigError(f"--allreduce must be one of {', '.join(ALLREDUCES)}")
+        if self.allreduce == "star" and self.device == "cuda":
+            raise ConfigError("--allreduce star sums CPU tensors over gloo: not with --device cuda")
         if self.lr_scaling not in LR_SCALINGS:
             raise ConfigError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}")
 

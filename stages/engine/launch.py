@@ -26,7 +26,7 @@ from stages.engine.async_server import AsyncServer
 from stages.engine.async_worker import async_worker_main
 from stages.engine.base import Engine, StopRun
 from stages.engine.checkpoint import Checkpointer
-from stages.engine.collective import Coordinator
+from stages.engine.collective import ALLREDUCE_KEY, Coordinator, allreduce_algorithm
 from stages.engine.config import EngineConfig
 from stages.engine.ps import ParameterServer
 from stages.engine.replica import replica_main
@@ -90,9 +90,11 @@ def run_engine(
     store.set(A.MODE_KEY, kind)
     store.set("start_iteration", str(start))
     store.set("t0", repr(time.time()))
+    workload = load_workload(cfg.workload, seed=cfg.seed)
+    params = sum(p.numel() for p in workload.model.parameters())
+    store.set(ALLREDUCE_KEY, allreduce_algorithm(cfg, tr is not None, params))
     writer = TraceWriter(TraceStore(traces), batch_rows=cfg.record_batch * cfg.workers)
-    engine = engine_class(cfg, store, load_workload(cfg.workload, seed=cfg.seed), policy, writer,
-                          alive=lambda w: True)  # fmt: skip
+    engine = engine_class(cfg, store, workload, policy, writer, alive=lambda w: True)
     if resume:
         engine.load_state(resume)
     procs = [] if tr else spawn_workers(cfg, store.port, worker_main)

@@ -37,6 +37,7 @@ from stages.goodput import NoiseScale
 from stages.workloads import backend_for, resolve_device
 
 SCALARS = 3  # samples, |g_i|^2, contributions
+STAR_TAG = 11  # the star all-reduce's messages
 
 
 class Replica(WorkerProcess):
@@ -65,6 +66,8 @@ class Replica(WorkerProcess):
         self.noise_stats: tuple = ()  # the last step's (n, sum |g_i|^2, |mean|^2, samples)
         self.lags_ms: list[float] = []
         self.eval_due: int | None = None  # the iteration whose held-out loss is yet to publish
+        self.star = self.store.get(C.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
+        self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
 
     def zero_grad(self) -> None:
         self.grad.zero_()
@@ -164,14 +167,40 @@ class Replica(WorkerProcess):
         self.comm_scalars.copy_(self.scalars_cpu)
 
     def all_reduce(self) -> bool:
-        """The one collective of an iteration; False if it failed (a member died or hangs)."""
+        """The one collective of an iteration (gloo's ring all-reduce, NCCL's, or the star:
+        :func:`stages.engine.collective.allreduce_algorithm`); False if it failed (a member
+        died or hangs). The held-out loss due is evaluated while it runs: the parameters are
+        not stepped yet."""
         try:
-            work = self.group.allreduce([self.comm])
-            self.evaluate_due()  # while the all-reduce runs: the parameters are not stepped yet
-            work.wait()
+            if self.star:
+                self.star_all_reduce()
+            else:
+                work = self.group.allreduce([self.comm])
+                self.evaluate_due()
+                work.wait()
             return True
         except (RuntimeError, dist.DistError):
             return False
+
+    def star_all_reduce(self) -> None:
+        """The lowest member receives every other member's contribution, adds them to its own
+        in member order and sends the sum back: every replica ends with the same bytes."""
+        if len(self.members) == 1:
+            self.evaluate_due()
+        elif self.lowest:
+            received = [self.group.recv([buf], r, STAR_TAG) for r, buf in enumerate(self.inbox, 1)]
+            self.evaluate_due()
+            for work in received:
+                work.wait()
+            for buf in self.inbox:
+                self.comm.add_(buf)
+            for work in [
+                self.group.send([self.comm], r, STAR_TAG) for r in range(1, len(self.members))
+            ]:
+                work.wait()
+        else:
+            self.group.send([self.comm], 0, STAR_TAG).wait()
+            self.group.recv([self.comm], 0, STAR_TAG).wait()
 
     def step(self) -> None:
         """SGD with momentum on the mean of the admitted gradients, the learning rate scaled to
@@ -205,6 +234,8 @@ class Replica(WorkerProcess):
         if self.group is not None:
             P.shutdown(self.group)
         self.group = self.build_group(generation)
+        if self.star and self.lowest:
+            self.inbox = [torch.empty_like(self.comm) for _ in self.members[1:]]
         if self.generation >= 0:
             self.sync_state()
         self.generation = generation

@@ -14,9 +14,16 @@ import pytest
 import torch
 
 from stages.engine.checkpoint import STATE_FILE
-from stages.engine.collective import decode_announcement, encode_announcement, load_replica_state
+from stages.engine.collective import (
+    STAR_MAX_PARAMS,
+    allreduce_algorithm,
+    decode_announcement,
+    encode_announcement,
+    load_replica_state,
+)
 from stages.engine.config import EngineConfig, scaled_lr
 from stages.engine.launch import run_engine
+from stages.errors import ConfigError
 from stages.store import TraceStore
 from stages.workloads import load_workload
 from tests.stages.engine import write_replay_trace
@@ -81,11 +88,13 @@ def test_replicas_stay_bit_identical(slow_worker_run):
     assert result.extras["join_lag_ms_p50"] >= 0.0
 
 
-def test_the_update_is_the_mean_of_the_admitted_workers_own_gradients(tmp_path):
+@pytest.mark.parametrize("allreduce", ["star", "ring"])
+def test_the_update_is_the_mean_of_the_admitted_workers_own_gradients(tmp_path, allreduce):
     """One iteration, worker 1 cut off: the replicas' parameters equal the initial ones minus
-    lr(3 of 4) times the mean of workers 0, 2 and 3's gradients, computed here independently."""
+    lr(3 of 4) times the mean of workers 0, 2 and 3's gradients, computed here independently,
+    whichever way the replicas sum."""
     replay = write_replay_trace(tmp_path / "replay", [[FAST_S, SLOW_S, FAST_S, FAST_S]])
-    cfg = collective_config(iterations=1, stragglers=f"replay:{replay}")
+    cfg = collective_config(iterations=1, stragglers=f"replay:{replay}", allreduce=allreduce)
     run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None, tmp_path / "run")
     params, _ = replica_params(tmp_path / "run")
     grads = [own_gradient(cfg, w) for w in (0, 2, 3)]
@@ -133,8 +142,10 @@ def test_an_online_policy_admits_its_revised_c(tmp_path):
     assert result.extras["replicas_identical"]
 
 
-def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path):
-    cfg = collective_config(iterations=20, stragglers="synthetic:base_s=0.005")
+@pytest.mark.parametrize("allreduce", ["star", "ring"])
+def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path, allreduce):
+    cfg = collective_config(iterations=20, stragglers="synthetic:base_s=0.005",
+                            allreduce=allreduce)  # fmt: skip
     policy = RecordingStatic(4)
     result = run_engine(cfg, policy, tmp_path / "traces", kill_worker_at(8, "bdsgd-worker-1"))
     assert result.log["iteration"] == list(range(cfg.iterations))
@@ -147,21 +158,25 @@ def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path)
     assert rows.filter(pl.col("worker") == 1)["iteration"].max() <= result.dead_workers[1]
 
 
-def test_a_hung_replica_is_found_by_the_failed_all_reduce(tmp_path):
-    """Worker 2 stops (SIGSTOP) while alive: the others' all-reduce times out, they report it,
-    the coordinator declares the silent member dead and the run goes on without it."""
-    cfg = collective_config(iterations=14, timeout_s=10.0, stragglers="synthetic:base_s=0.005")
+@pytest.mark.parametrize(("allreduce", "hung"), [("ring", 2), ("star", 2), ("star", 0)])
+def test_a_hung_replica_is_found_by_the_failed_all_reduce(tmp_path, allreduce, hung):
+    """A worker stops (SIGSTOP) while alive -- for the star also its root, the lowest replica:
+    the others' all-reduce times out, they report it, the coordinator declares the silent member
+    dead and the run goes on without it (a new lowest replica hands its state to the rest)."""
+    cfg = collective_config(iterations=14, timeout_s=10.0, stragglers="synthetic:base_s=0.005",
+                            allreduce=allreduce)  # fmt: skip
 
     def on_iteration(t: int, row: dict) -> None:
         if t == 4:
-            victim = [p for p in multiprocessing.active_children() if p.name == "bdsgd-worker-2"]
+            name = f"bdsgd-worker-{hung}"
+            victim = [p for p in multiprocessing.active_children() if p.name == name]
             os.kill(victim[0].pid, signal.SIGSTOP)
 
     result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", on_iteration)
     assert result.log["iteration"] == list(range(cfg.iterations))
-    assert list(result.dead_workers) == [2]
+    assert list(result.dead_workers) == [hung]
     assert result.log["workers"][-1] == 3
-    assert sorted(result.extras["replica_digests"]) == ["0", "1", "3"]
+    assert sorted(result.extras["replica_digests"]) == [str(w) for w in range(4) if w != hung]
     assert result.extras["replicas_identical"]
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
 
@@ -343,3 +358,17 @@ def test_ctrl_c_on_slow_iterations_stops_after_the_one_under_way(tmp_path, monke
     assert replica_params(tmp_path / "run")[1] == 4
     rows = TraceStore(tmp_path / "traces").read()
     assert sorted(set(rows["iteration"].to_list())) == [0, 1, 2, 3]
+
+
+def test_auto_sums_by_star_on_one_machine_for_a_small_model_on_the_cpu():
+    cfg = collective_config(device="cpu")
+    assert allreduce_algorithm(cfg, torchrun=False, params=77_000) == "star"
+    assert allreduce_algorithm(cfg, torchrun=True, params=77_000) == "ring"  # across machines
+    assert allreduce_algorithm(cfg, torchrun=False, params=STAR_MAX_PARAMS + 1) == "ring"
+    ring = collective_config(device="cpu", allreduce="ring")
+    assert allreduce_algorithm(ring, torchrun=False, params=77_000) == "ring"
+
+
+def test_a_star_on_cuda_tensors_is_refused():
+    with pytest.raises(ConfigError, match="--allreduce star"):
+        collective_config(device="cuda", allreduce="star")
