@@ -88,6 +88,7 @@ def _sum_worker(rank: int, world: int, port: int, reps: int, mode: str, gap_s: f
     times = []
     for i in range(reps + 3):
         group.barrier().wait()
+        buf.fill_(1.0)
         time.sleep(gap_s)  # every process idle, as while the stragglers of an iteration run
         tic = time.perf_counter()
         if mode == "ring":

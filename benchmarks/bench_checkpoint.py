@@ -22,6 +22,8 @@ ROW = dict(  # one iteration-log row as the engine writes it (every column a col
 
 def log_of(rows: int) -> dict[str, list]:
     log: dict[str, list] = {k: [v] * rows for k, v in ROW.items()}
+    log["order"] = [[(t + k) % 6 for k in range(4)] for t in range(rows)]  # one list per row
+    log["wall_s"] = [0.07 * t for t in range(rows)]
     log["iteration"] = list(range(rows))
     return log
 

@@ -21,7 +21,7 @@ import numpy as np
 from schemas.run_dir import iterations_table, write_atomic, write_run_dir
 from stages.capacity import check_capacity
 from stages.console import console, progress
-from stages.engine.base import READABLE_STATE_VERSIONS, STATE_VERSION, StopRun
+from stages.engine.base import READABLE_STATE_VERSIONS, StopRun
 from stages.engine.checkpoint import STATE_FILE, remove_segments, with_whole_log
 from stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
 from stages.engine.launch import (
@@ -277,8 +277,9 @@ def load_state(run_dir: Path) -> dict:
     state = load_plain(path, "server checkpoint")
     if state.get("version") not in READABLE_STATE_VERSIONS:
         raise CheckpointError(
-            f"{path}: not a bdsgd engine checkpoint of version {STATE_VERSION} (written by an "
-            "older bdsgd: start a new run)"
+            f"{path}: not a bdsgd engine checkpoint of version "
+            f"{' or '.join(map(str, READABLE_STATE_VERSIONS))} (written by another bdsgd: start "
+            "a new run)"
         )
     return with_whole_log(run_dir, state)
 

@@ -42,7 +42,7 @@ _held_since: list[float | None] = [None]  # when the Ctrl-C the main thread hold
 NOTICE_AFTER_S = 1.0  # a Ctrl-C held this long is acknowledged on the console
 HELD_NOTICE = (
     "Ctrl-C: stopping once the iteration under way is recorded whole; a slow or hung worker "
-    "can hold this up to --timeout"
+    "can hold this for about --timeout"
 )
 
 
@@ -59,6 +59,7 @@ def interrupts_deferred() -> Iterator[None]:
         yield
         return
     watch_held()
+    _held_since[0] = None  # (one a Ctrl-C left while the last block handed it on)
     caught: list[int] = []
 
     def hold(signum, frame) -> None:  # no locks, no threads: a handler may interrupt anything
@@ -85,7 +86,7 @@ def interrupts_deferred() -> Iterator[None]:
 
 def interrupt_held() -> bool:
     """Whether a Ctrl-C is being held (it ends the run once the block holding it ends)."""
-    return _held_since[0] is not None
+    return bool(_deferring[0]) and _held_since[0] is not None
 
 
 _watcher: list[threading.Thread] = []
@@ -101,7 +102,7 @@ def watch_held() -> None:
         noticed = None
         while True:
             time.sleep(0.25)
-            since = _held_since[0]
+            since = _held_since[0] if _deferring[0] else None
             if since is not None and since != noticed and time.monotonic() - since > NOTICE_AFTER_S:
                 noticed = since
                 console.print(f"[yellow]{HELD_NOTICE}[/]")

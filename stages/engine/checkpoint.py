@@ -74,7 +74,7 @@ def remove_segments(run_dir: Path) -> None:
     folder = run_dir / LOG_DIR
     if not folder.is_dir():
         return
-    for path in folder.glob("rows-*.pt"):
+    for path in folder.glob("rows-[0-9][0-9][0-9][0-9][0-9][0-9].pt"):
         path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         folder.rmdir()

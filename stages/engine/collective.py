@@ -48,6 +48,7 @@ from stages.workloads import resolve_device
 
 FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
 ALLREDUCE_KEY = "callreduce"  # how the replicas sum: "ring" or "star" (allreduce_algorithm)
+STATES_KEY = "cstates"  # "1": the lowest replica publishes its state for each checkpoint
 STAR_MAX_PARAMS = 8_000_000  # auto: a star up to this model size (32 MB of float32)
 LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead, at most
 LOOKAHEAD_S = 0.25  # ... and no more than this much time ahead (a stop waits for them)

@@ -67,6 +67,7 @@ class Replica(WorkerProcess):
         self.lags_ms: list[float] = []
         self.eval_due: int | None = None  # the iteration whose held-out loss is yet to publish
         self.star = self.store.get(C.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
+        self.checkpointed = self.store.get(C.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
 
     def zero_grad(self) -> None:
@@ -289,7 +290,8 @@ class Replica(WorkerProcess):
     def publish(self, t: int) -> None:
         """The lowest replica publishes the step (its gradient statistics, for the
         coordinator's noise scale, and the reports the all-reduce carried), the held-out loss
-        when due and its state at each checkpoint."""
+        when due and, when the run has a run directory, its state at each checkpoint (the
+        coordinator takes and deletes it; a run without one would pile them up in the store)."""
         cfg = self.spec.cfg
         if not self.lowest:
             return
@@ -297,7 +299,7 @@ class Replica(WorkerProcess):
         self.store.set(C.step_key(t), C.encode_step(self.noise_stats, slots))
         if t % cfg.eval_every == 0:
             self.eval_due = t  # evaluated during the next all-reduce, or at the end
-        if (t + 1) % cfg.record_batch == 0:
+        if self.checkpointed and (t + 1) % cfg.record_batch == 0:
             self.store.set(C.replica_key(t + 1), self.state_bytes())
 
     def evaluate_due(self) -> None:

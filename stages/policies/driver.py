@@ -7,7 +7,8 @@ arrives (:meth:`IterationDriver.wait`): ``TICK_S`` after the last arrival, then 
 long, and so on. A worker later than the arrivals suggested changes what waiting is worth; asked
 only at arrivals, a policy that chose to wait for the last worker waited for it however long it
 took (1.8 s for a 60 ms iteration, seen on a replayed cluster). Cut at a tick, the iteration
-ends there, and the workers still out are censored at that time.
+ends there, and the workers still out are censored at that time (an engine, as after any cut,
+also admits a worker that took its ticket before the close reached the store).
 
 The simulator feeds it recorded run-times in arrival order; the engines feed it the tickets their
 workers take. Nothing else decides c or censoring, so the two cannot drift apart.

@@ -9,6 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from stages.engine import async_protocol as A
+from stages.engine import collective as C
 from stages.engine import janitor as J
 from stages.engine import launch
 from stages.engine import protocol as P
@@ -120,3 +121,22 @@ def test_an_asynchronous_run_deletes_the_arrival_keys_of_long_past_updates(
     result = run_engine(cfg, KAsync(2), tmp_path / "traces", on_iteration)
     assert result.log["iteration"] == list(range(cfg.iterations))
     assert seen["left"] == []
+
+
+def test_a_collective_run_without_a_run_directory_leaves_no_replica_states(
+    tmp_path, captured_store
+):
+    """The lowest replica publishes its state for each checkpoint only when the run has a run
+    directory to take it (a profile has none: its states would pile up in the store)."""
+    cfg = engine_config(engine="collective", iterations=12, record_batch=3)
+    seen: dict[str, list[str]] = {}
+
+    def on_iteration(t: int, row: dict) -> None:
+        if t == cfg.iterations - 1:
+            keys = [C.replica_key(k) for k in range(3, cfg.iterations + 1, 3)]
+            seen["states"] = [k for k in keys if captured_store[0].check([k])]
+
+    result = run_engine(cfg, RecordingStatic(4), tmp_path / "traces", on_iteration)
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert seen["states"] == []
+    assert result.extras["replicas_identical"] and result.final_eval_loss is not None
