@@ -75,29 +75,33 @@ allow_oversubscribe = click.option(
     help="Start more worker processes than this machine's cores and memory run (refused "
     "otherwise, before any process starts).",
 )
-engine = click.option(
+
+
+def auto_choice(name: str, others: list[str], help: str):
+    """An engine setting chosen among ``auto`` (the default) and ``others`` (the values are
+    written out here, not imported from the engine's config: the CLI loads without torch)."""
+    return click.option(
+        name, type=click.Choice(["auto", *others]), default="auto", show_default=True, help=help
+    )
+
+
+engine = auto_choice(
     "--engine",
-    type=click.Choice(["auto", "collective", "ps"]),
-    default="auto",
-    show_default=True,
-    help="collective: every worker holds a replica and the cut happens inside one all-reduce "
+    ["collective", "ps"],
+    "collective: every worker holds a replica and the cut happens inside one all-reduce "
     "(gloo or NCCL); ps: a parameter server process holds the model; auto: collective for the "
     "cutoff policies, ps for the asynchronous ones (they run on ps only).",
 )
-device = click.option(
+device = auto_choice(
     "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where the collective engine's workers compute: each takes its own GPU (LOCAL_RANK) "
+    ["cpu", "cuda"],
+    "Where the collective engine's workers compute: each takes its own GPU (LOCAL_RANK) "
     "and NCCL when there are enough, gloo otherwise; auto: cuda when a GPU is visible.",
 )
-allreduce = click.option(
+allreduce = auto_choice(
     "--allreduce",
-    type=click.Choice(["auto", "ring", "star"]),
-    default="auto",
-    show_default=True,
-    help="How the collective engine's CPU replicas sum over gloo: ring (gloo's all-reduce), "
+    ["ring", "star"],
+    "How the collective engine's CPU replicas sum over gloo: ring (gloo's all-reduce), "
     "star (the lowest replica sums and sends the sum back: fewer wake-ups, N x the model at one "
     "process); auto: star for a model of up to 8M parameters on one machine, else ring. "
     "Replicas on GPUs sum with NCCL or gloo's own all-reduce whatever this says.",

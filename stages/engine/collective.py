@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from stages.engine import protocol as P
-from stages.engine.base import interrupt_held, interrupts_deferred
+from stages.engine.base import interrupts_deferred
 from stages.engine.config import scaled_lr
 from stages.engine.report import WorkerReport
 from stages.engine.sync import SyncEngine
@@ -141,6 +141,14 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int) -> str:
     return "star" if on_cpu and not torchrun and params <= STAR_MAX_PARAMS else "ring"
 
 
+def publish_settings(store, cfg, torchrun: bool, workload, checkpointed: bool) -> None:
+    """What every replica reads before it starts: how to sum, and whether to publish its state
+    for checkpoints (only a run directory takes them; else they would pile up in the store)."""
+    params = sum(p.numel() for p in workload.model.parameters())
+    store.set(ALLREDUCE_KEY, allreduce_algorithm(cfg, torchrun, params))
+    store.set(STATES_KEY, "1" if checkpointed else "0")
+
+
 def load_replica_state(blob: bytes) -> dict:
     """A replica state from its bytes: tensors and plain values only (never runs code)."""
     return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
@@ -218,7 +226,7 @@ class Coordinator(SyncEngine):
         (none before an iteration was timed): the replicas run every announced iteration
         before they see a stop, so a Ctrl-C on slow iterations waits for few of them, while
         fast ones, where a round trip per iteration would show, are read a block at a time."""
-        if self.reads_arrivals or self.stopping or interrupt_held() or self.cycle_s is None:
+        if self.reads_arrivals or self.stop_pending or self.cycle_s is None:
             return 0
         window = min(LOOKAHEAD, int(LOOKAHEAD_S / max(self.cycle_s, 1e-9)))
         if self.announced >= t + window // 2:
@@ -297,8 +305,9 @@ class Coordinator(SyncEngine):
     def run_announced(self, on_iteration) -> None:
         """After a stop (Ctrl-C, a target or a wall-clock budget): announce nothing more and
         record the iterations already announced (up to ``LOOKAHEAD`` and about ``LOOKAHEAD_S``
-        seconds of them for a fixed c, the next one online), which the replicas run before they see the stop, so the log, the traces
-        and the checkpoint agree. Ctrl-C during it ends it at once (it runs once)."""
+        seconds of them for a fixed c, the next one online), which the replicas run before they
+        see the stop, so the log, the traces and the checkpoint agree. Ctrl-C during it ends it
+        at once (it runs once)."""
         if self.stopping:
             return
         self.stopping = True

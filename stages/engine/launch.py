@@ -26,7 +26,7 @@ from stages.engine.async_server import AsyncServer
 from stages.engine.async_worker import async_worker_main
 from stages.engine.base import Engine, StopRun
 from stages.engine.checkpoint import Checkpointer
-from stages.engine.collective import ALLREDUCE_KEY, STATES_KEY, Coordinator, allreduce_algorithm
+from stages.engine.collective import Coordinator, publish_settings
 from stages.engine.config import EngineConfig
 from stages.engine.ps import ParameterServer
 from stages.engine.replica import replica_main
@@ -88,9 +88,8 @@ def run_engine(
         store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
     start = int(resume["next_iteration"]) if resume else 0
     workload = load_workload(cfg.workload, seed=cfg.seed)
-    params = sum(p.numel() for p in workload.model.parameters())
-    store.set(ALLREDUCE_KEY, allreduce_algorithm(cfg, tr is not None, params))
-    store.set(STATES_KEY, "1" if run_dir is not None else "0")  # states only to checkpoint
+    if kind == "collective":
+        publish_settings(store, cfg, tr is not None, workload, checkpointed=run_dir is not None)
     store.set(A.MODE_KEY, kind)
     store.set("start_iteration", str(start))
     store.set("t0", repr(time.time()))

@@ -70,9 +70,6 @@ class Replica(WorkerProcess):
         self.checkpointed = self.store.get(C.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
 
-    def zero_grad(self) -> None:
-        self.grad.zero_()
-
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         t = int(self.store.get("start_iteration").decode())
@@ -195,9 +192,8 @@ class Replica(WorkerProcess):
                 work.wait()
             for buf in self.inbox:
                 self.comm.add_(buf)
-            for work in [
-                self.group.send([self.comm], r, STAR_TAG) for r in range(1, len(self.members))
-            ]:
+            sent = [self.group.send([self.comm], r, STAR_TAG) for r in range(1, len(self.members))]
+            for work in sent:
                 work.wait()
         else:
             self.group.send([self.comm], 0, STAR_TAG).wait()

@@ -63,8 +63,7 @@ class SyncEngine(Engine):
         iteration_s, extra = self.apply(t, reports, start)
         self.measure_overhead(iteration_s, out.cut_s)
         predicted = self.policy.describe()
-        stop = self.stopping or interrupt_held()  # a held Ctrl-C ends the run after t
-        if t + 1 < self.cfg.iterations and not (stop and t + 1 > self.announced):
+        if t + 1 < self.cfg.iterations and not (self.stop_pending and t + 1 > self.announced):
             self.begin(t + 1)
         trace_rows = self.trace_reports(t, out, reports, sent, start)
         losses = [r.loss for r in reports]
@@ -111,6 +110,12 @@ class SyncEngine(Engine):
                     self.announced = k
         self.begun = t
 
+    @property
+    def stop_pending(self) -> bool:
+        """After a stop, or while a Ctrl-C is held (the run ends after the iteration under way):
+        nothing more is announced."""
+        return self.stopping or interrupt_held()
+
     def ahead(self, t: int) -> int:
         """Announce through iteration t + ahead(t) with t's c (variants whose workers need not
         wait for an outcome to learn a c that does not depend on it); none by default."""
@@ -149,8 +154,7 @@ class SyncEngine(Engine):
         itself is skipped. The admitted reports, in order."""
         deadline = time.monotonic() + self.cfg.timeout_s
         reports: list[WorkerReport] = []
-        self.admitting, ticket, self.holes = t, 1, 0
-        self.tickets = 0
+        self.admitting, ticket, self.holes, self.tickets = t, 1, 0, 0
         while (found := self.wait_arrival(t, ticket, deadline)) is not None:
             if found:
                 report = self.take(t, ticket, reports)
@@ -179,7 +183,7 @@ class SyncEngine(Engine):
         limit = self.ticket_limit()
         self.tickets = min(total, limit)
         grace = time.monotonic() + min(self.cfg.timeout_s, CLOSE_GRACE_S)
-        for k in range(ticket, min(total, limit) + 1):
+        for k in range(ticket, self.tickets + 1):
             if len(reports) >= limit:
                 return
             if P.wait_key_until(self.store, P.arrival_key(t, k), grace):

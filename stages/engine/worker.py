@@ -87,10 +87,14 @@ class WorkerProcess:
             loss, samples = self.micro_batches(parts, lambda: self.store.check([stop_key]))
         return Gradient(loss, samples, waited + elapsed(), delay, start_s)
 
+    grad: torch.Tensor | None = None  # one flat buffer the model's gradients are views into
+
     def zero_grad(self) -> None:
-        """Zero the model's gradients (a worker whose gradients are views into one flat
-        buffer zeroes that in one operation)."""
-        self.model.zero_grad(set_to_none=False)
+        """Zero the model's gradients (in one operation where they are views into ``grad``)."""
+        if self.grad is not None:
+            self.grad.zero_()
+        else:
+            self.model.zero_grad(set_to_none=False)
 
     @contextlib.contextmanager
     def timer(self):
@@ -159,9 +163,6 @@ class PsWorker(WorkerProcess):
         self.params = torch.zeros(P.PARAM_HEADER + size)
         self.grad = torch.zeros(size)
         P.bind_flat(self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad)
-
-    def zero_grad(self) -> None:
-        self.grad.zero_()
 
     def run(self) -> None:
         t = int(self.store.get("start_iteration").decode())

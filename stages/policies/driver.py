@@ -134,5 +134,5 @@ class IterationDriver:
             runtimes,
             censored,
             self.choose_ms + self.revise_ms,
-            cut if self.order else 0.0,
+            cut,
         )
