@@ -103,7 +103,8 @@ allreduce = auto_choice(
     ["ring", "star"],
     "How the collective engine's CPU replicas sum over gloo: ring (gloo's all-reduce), "
     "star (the lowest replica sums and sends the sum back: fewer wake-ups, N x the model at one "
-    "process); auto: star for a model of up to 8M parameters on one machine, else ring. "
+    "process); auto: star on one machine for a model of up to 250k parameters (1M with more "
+    "workers than cores), else ring. "
     "Replicas on GPUs sum with NCCL or gloo's own all-reduce whatever this says.",
 )
 skip_bad_files = click.option(

@@ -73,7 +73,9 @@ def allreduce_iterations_per_s(
                 p.kill()
 
 
-def _sum_worker(rank: int, world: int, port: int, reps: int, mode: str, gap_s: float, q) -> None:
+def _sum_worker(
+    rank: int, world: int, port: int, reps: int, mode: str, gap_s: float, size: int, q
+) -> None:
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
     store = dist.TCPStore(
@@ -83,7 +85,6 @@ def _sum_worker(rank: int, world: int, port: int, reps: int, mode: str, gap_s: f
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     opts._timeout = datetime.timedelta(seconds=60)
     group = dist.ProcessGroupGloo(dist.PrefixStore("sum/", store), rank, world, opts)
-    size = sum(p.numel() for p in load_workload("mlp", seed=0).model.parameters())
     buf, inbox = torch.ones(size), [torch.empty(size) for _ in range(world - 1)]
     times = []
     for i in range(reps + 3):
@@ -108,14 +109,18 @@ def _sum_worker(rank: int, world: int, port: int, reps: int, mode: str, gap_s: f
     q.put(sorted(times)[len(times) // 2] * 1e3)
 
 
-def sum_ms(workers: int, mode: str, gap_s: float = 0.02, reps: int = 40) -> float:
-    """Median milliseconds of one sum of the mlp's gradient among ``workers`` processes, by
-    gloo's ring all-reduce (``ring``) or the star (``star``), each started after every process
-    sat idle for ``gap_s``; the median over the processes."""
+def sum_ms(
+    workers: int, mode: str, gap_s: float = 0.02, reps: int = 40, size: int | None = None
+) -> float:
+    """Median milliseconds of one sum of ``size`` float32 (default: the mlp's gradient) among
+    ``workers`` processes, by gloo's ring all-reduce (``ring``) or the star (``star``), each
+    started after every process sat idle for ``gap_s``; the median over the processes."""
+    if size is None:
+        size = sum(p.numel() for p in load_workload("mlp", seed=0).model.parameters())
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    args = (workers, store.port, reps, mode, gap_s, q)
+    args = (workers, store.port, reps, mode, gap_s, size, q)
     procs = [ctx.Process(target=_sum_worker, args=(r, *args), daemon=True) for r in range(workers)]
     for p in procs:
         p.start()
@@ -135,4 +140,18 @@ def sum_table(repeats: int = 1) -> str:
     for n in (2, 4, 6):
         ring, star = (min(sum_ms(n, m) for _ in range(repeats)) for m in ("ring", "star"))
         lines.append(f"| {n} | {ring:.2f} | {star:.2f} |")
+    return "\n".join(lines)
+
+
+def size_table(sizes=(1_000_000, 4_000_000, 8_000_000, 16_000_000), reps: int = 10) -> str:
+    """Ring against star by model size (float32 parameters), 2, 4 and 6 processes: where the
+    star's N-fold traffic through one process outweighs the ring's scheduling waits (the
+    threshold of ``--allreduce auto``). ``python -c "from benchmarks.allreduce import
+    size_table; print(size_table())"``."""
+    lines = ["| parameters | processes | ring (ms, p50) | star (ms, p50) | star / ring |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for size in sizes:
+        for n in (2, 4, 6):
+            ring, star = (sum_ms(n, m, reps=reps, size=size) for m in ("ring", "star"))
+            lines.append(f"| {size / 1e6:g}M | {n} | {ring:.1f} | {star:.1f} | {star / ring:.2f} |")
     return "\n".join(lines)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import time
 
 import numpy as np
@@ -49,7 +50,8 @@ from stages.workloads import resolve_device
 FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
 ALLREDUCE_KEY = "callreduce"  # how the replicas sum: "ring" or "star" (allreduce_algorithm)
 STATES_KEY = "cstates"  # "1": the lowest replica publishes its state for each checkpoint
-STAR_MAX_PARAMS = 8_000_000  # auto: a star up to this model size (32 MB of float32)
+STAR_MAX_PARAMS = 250_000  # auto: a star up to this model size (1 MB of float32) ...
+STAR_CROWDED_MAX_PARAMS = 1_000_000  # ... or up to this one with more workers than cores
 LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead, at most
 LOOKAHEAD_S = 0.25  # ... and no more than this much time ahead (a stop waits for them)
 
@@ -126,19 +128,28 @@ def digest_key(worker: int) -> str:
     return f"cdigest/{worker}"
 
 
-def allreduce_algorithm(cfg, torchrun: bool, params: int) -> str:
+def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = None) -> str:
     """How the replicas sum (``--allreduce``). gloo's ring all-reduce takes 2(N-1) steps, each
     waiting for the next process to be scheduled: on one machine with more processes than cores
     a step waits for a time slice, and at 6 replicas on 2 cores one all-reduce of the mlp took
     12 ms (p50) under the default scheduler. The star (the lowest replica receives every
     contribution, sums them in member order and sends the sum back) wakes each process twice:
-    1.2 ms for the same. It moves N x the model through one process, so ``auto`` uses it only on
-    one machine (not under torchrun), on the CPU, for a model of up to ``STAR_MAX_PARAMS``; NCCL
-    and gloo on CUDA tensors keep their own all-reduce."""
+    1.2 ms for the same. But it moves N x the model through one process: measured on one machine
+    (docs/benchmarks.md, "Ring against star by model size"), it is never more than 1.07x the
+    ring up to ``STAR_MAX_PARAMS``, and from 0.5M parameters on it loses (1.1-2.3x) wherever
+    each process gets a core promptly, winning only while the workers outnumber the cores (up
+    to ``STAR_CROWDED_MAX_PARAMS``; from 4M on the two tie there). So ``auto`` sums by star on
+    one machine (not under torchrun), on the CPU, for a model of up to ``STAR_MAX_PARAMS``, or
+    up to ``STAR_CROWDED_MAX_PARAMS`` when the workers are more than the machine's ``cores``;
+    by ring otherwise. NCCL and gloo on CUDA tensors keep their own all-reduce."""
     if cfg.allreduce != "auto":
         return cfg.allreduce
     on_cpu = resolve_device(cfg.device, cfg.workers).type == "cpu"
-    return "star" if on_cpu and not torchrun and params <= STAR_MAX_PARAMS else "ring"
+    if not on_cpu or torchrun:
+        return "ring"
+    crowded = cfg.workers > (cores if cores is not None else (os.cpu_count() or 1))
+    limit = STAR_CROWDED_MAX_PARAMS if crowded else STAR_MAX_PARAMS
+    return "star" if params <= limit else "ring"
 
 
 def publish_settings(store, cfg, torchrun: bool, workload, checkpointed: bool) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from stages.engine.checkpoint import STATE_FILE
 from stages.engine.collective import (
+    STAR_CROWDED_MAX_PARAMS,
     STAR_MAX_PARAMS,
     allreduce_algorithm,
     decode_announcement,
@@ -361,12 +362,22 @@ def test_ctrl_c_on_slow_iterations_stops_after_the_one_under_way(tmp_path, monke
 
 
 def test_auto_sums_by_star_on_one_machine_for_a_small_model_on_the_cpu():
-    cfg = collective_config(device="cpu")
-    assert allreduce_algorithm(cfg, torchrun=False, params=77_000) == "star"
-    assert allreduce_algorithm(cfg, torchrun=True, params=77_000) == "ring"  # across machines
-    assert allreduce_algorithm(cfg, torchrun=False, params=STAR_MAX_PARAMS + 1) == "ring"
+    cfg = collective_config(device="cpu")  # 4 workers
+    assert allreduce_algorithm(cfg, torchrun=False, params=77_000, cores=16) == "star"
+    assert allreduce_algorithm(cfg, torchrun=True, params=77_000, cores=16) == "ring"
+    assert allreduce_algorithm(cfg, torchrun=False, params=STAR_MAX_PARAMS, cores=16) == "star"
+    assert allreduce_algorithm(cfg, torchrun=False, params=STAR_MAX_PARAMS + 1, cores=16) == "ring"
     ring = collective_config(device="cpu", allreduce="ring")
-    assert allreduce_algorithm(ring, torchrun=False, params=77_000) == "ring"
+    assert allreduce_algorithm(ring, torchrun=False, params=77_000, cores=16) == "ring"
+
+
+def test_auto_sums_a_larger_model_by_star_only_with_more_workers_than_cores():
+    cfg = collective_config(device="cpu")  # 4 workers
+    mid = (STAR_MAX_PARAMS + STAR_CROWDED_MAX_PARAMS) // 2
+    assert allreduce_algorithm(cfg, torchrun=False, params=mid, cores=2) == "star"
+    assert allreduce_algorithm(cfg, torchrun=False, params=mid, cores=4) == "ring"
+    big = STAR_CROWDED_MAX_PARAMS + 1
+    assert allreduce_algorithm(cfg, torchrun=False, params=big, cores=2) == "ring"
 
 
 def test_a_star_on_cuda_tensors_is_refused():
