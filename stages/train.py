@@ -98,7 +98,11 @@ class TrainConfig:
     explore: float = 0.0
     """Fraction of iterations in which a learning cutoff policy waits for every worker."""
     record_batch: int = 25
-    """Iterations per trace batch and per server checkpoint."""
+    """The trace rows and the checkpoint are written after every ``record_batch``-th iteration
+    (and at the end) ..."""
+    record_s: float = 2.0
+    """... at most once per this many seconds (0: after every ``record_batch``-th): fast
+    iterations make one trace file and one checkpoint per ``record_s``, not per 25 iterations."""
     eval_every: int = 10
     """Iterations between held-out loss evaluations."""
     host: str = "127.0.0.1"
@@ -125,6 +129,8 @@ class TrainConfig:
                 raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
         if self.record_batch < 1 or self.eval_every < 1:
             raise ConfigError("record_batch and eval_every must be >= 1")
+        if not (math.isfinite(self.record_s) and self.record_s >= 0):
+            raise ConfigError(f"record_s must be a finite number >= 0, got {self.record_s}")
         if self.batch_size < self.micro_batches or self.micro_batches < 1:
             raise ConfigError("--batch-size must be at least the number of micro-batches")
         if not 0.0 <= self.explore < 1.0:

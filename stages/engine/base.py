@@ -158,6 +158,7 @@ class Engine(abc.ABC):
         self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
         self.t0 = time.perf_counter()
         self.janitor = KeyJanitor(store)  # deletes the store keys of iterations long past
+        self.recorded_at = time.monotonic()  # when the rows and checkpoint were last written
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
@@ -299,6 +300,20 @@ class Engine(abc.ABC):
 
     def trace_device(self) -> str:
         return "cpu"
+
+    def record_due(self, t: int) -> bool:
+        """Whether the trace rows through iteration t, and the checkpoint, are written now:
+        after every ``record_batch``-th iteration, at most once per ``record_s`` seconds (fast
+        iterations would otherwise make a trace file and a checkpoint 40 times a second)."""
+        return (t + 1) % self.cfg.record_batch == 0 and self.record_clock()
+
+    def record_clock(self) -> bool:
+        """True (and the clock restarts) once ``record_s`` seconds passed since the last time."""
+        now = time.monotonic()
+        if now - self.recorded_at < self.cfg.record_s:
+            return False
+        self.recorded_at = now
+        return True
 
     def flush_through(self, t: int) -> None:
         """Every row of the iterations up to t is with the writer, on disk once it returns."""

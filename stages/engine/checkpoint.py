@@ -1,6 +1,7 @@
-"""A run directory's checkpoint for ``--resume``: the engine's state (:data:`STATE_FILE`, every
-``record_batch`` iterations and at the end) and the iteration log's older rows in segment files
-(``log/rows-<k>.pt``, ``SEGMENT_ROWS`` rows each, each written once).
+"""A run directory's checkpoint for ``--resume``: the engine's state (:data:`STATE_FILE`, after
+every ``record_batch``-th iteration at most once per ``record_s`` seconds, and at the end) and
+the iteration log's older rows in segment files (``log/rows-<k>.pt``, ``SEGMENT_ROWS`` rows each,
+each written once).
 
 The checkpoint used to hold the whole log: at 10^4 iterations a checkpoint took 0.1 s, at 10^5
 0.55 s, every 25 iterations, so a long run slowed as it went. Now a row moves into a segment once

@@ -118,6 +118,12 @@ def decode_announcement(code: int) -> tuple[int, int, int, int]:
     return code >> 32, code & ((1 << 23) - 1), (code >> 23) & 1, (code >> 24) & 255
 
 
+def record_key(steps: int) -> str:
+    """Exists when the lowest replica is to publish its state after ``steps`` iterations: the
+    coordinator checkpoints there (:meth:`Coordinator.before_announcing`)."""
+    return f"crecord/{steps}"
+
+
 def lag_key(worker: int) -> str:
     """A replica's join lags (cut to all-reduce entry), milliseconds, comma-separated."""
     return f"clag/{worker}"
@@ -182,6 +188,8 @@ class Coordinator(SyncEngine):
         self.finished = False
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
         self.read_steps: dict[int, bytes] = {}  # steps read by admit, not yet by read_noise
+        self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
+        self.records: set[int] = set()  # iterations after which the rows and state are written
 
     def connect(self) -> None:
         super().connect()
@@ -212,6 +220,24 @@ class Coordinator(SyncEngine):
                 break
             k += 1
         self.noise_next = k
+
+    def before_announcing(self, first: int, last: int) -> None:
+        """Decide which of the iterations about to be announced are followed by a record (the
+        trace rows and, with a run directory, the checkpoint: :meth:`Engine.record_due`), and
+        tell the lowest replica, which publishes its state only there, before any of them is
+        announced: a replica running a block ahead reads the decision after the iteration."""
+        for k in range(first, last + 1):
+            if (k + 1) % self.cfg.record_batch == 0 and self.record_clock():
+                self.records.add(k)
+                if self.checkpointed:
+                    self.store.set(record_key(k + 1), "1")
+
+    def record_due(self, t: int) -> bool:
+        """As decided when t was announced."""
+        if t in self.records:
+            self.records.discard(t)
+            return True
+        return False
 
     def announce(self, t: int, limit: int) -> None:
         """A new generation if the live set changed, then the iteration, its limit and whether
@@ -304,7 +330,8 @@ class Coordinator(SyncEngine):
 
     def iteration_keys(self, t: int) -> list[str]:
         evaluated = [eval_key(t)] if t % self.cfg.eval_every == 0 else []
-        return [*super().iteration_keys(t), announce_key(t), *evaluated]
+        recorded = [record_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
+        return [*super().iteration_keys(t), announce_key(t), *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):

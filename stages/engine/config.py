@@ -39,7 +39,8 @@ class EngineConfig:
     lr: float = 0.05
     momentum: float = 0.9
     lr_scaling: str = "linear"  # linear | sqrt | none | adascale: lr * f(c / live workers)
-    record_batch: int = 25  # iterations per trace batch (and per server checkpoint)
+    record_batch: int = 25  # trace rows and the checkpoint are written after every k-th iteration
+    record_s: float = 2.0  # ... at most once per this many seconds (0: after every k-th)
     eval_every: int = 10
     min_workers: int = 1
     timeout_s: float = 60.0

@@ -36,6 +36,8 @@ from stages.policies.base import Policy
 from stages.store import TraceStore, TraceWriter
 from stages.workloads import load_workload
 
+MAX_PENDING_ROWS = 1 << 15  # trace rows the writer holds before it writes a file unasked
+
 VARIANTS = {
     "ps": (ParameterServer, ps_worker_main),
     "collective": (Coordinator, replica_main),
@@ -93,7 +95,7 @@ def run_engine(
     store.set(A.MODE_KEY, kind)
     store.set("start_iteration", str(start))
     store.set("t0", repr(time.time()))
-    writer = TraceWriter(TraceStore(traces), batch_rows=cfg.record_batch * cfg.workers)
+    writer = TraceWriter(TraceStore(traces), batch_rows=MAX_PENDING_ROWS)
     engine = engine_class(cfg, store, workload, policy, writer, alive=lambda w: True)
     if resume:
         engine.load_state(resume)
@@ -216,11 +218,18 @@ def _stop_ignored(on_iteration):
 
 
 def _with_checkpoints(engine: Engine, on_iteration, ckpt: Checkpointer | None):
+    """After each iteration: the caller's callback, then, when :meth:`Engine.record_due`, the
+    trace rows so far (one file) and, with a run directory, the checkpoint that counts them."""
+
     def callback(t: int, row: dict) -> None:
         on_iteration(t, row)
-        if ckpt is not None and (t + 1) % engine.cfg.record_batch == 0:
-            engine.flush_through(t)
-            ckpt.save(engine.state(t + 1))
+        if not engine.record_due(t):
+            return
+        if ckpt is None:
+            engine.writer.flush()
+            return
+        engine.flush_through(t)
+        ckpt.save(engine.state(t + 1))
 
     return callback
 

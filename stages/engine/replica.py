@@ -286,8 +286,9 @@ class Replica(WorkerProcess):
     def publish(self, t: int) -> None:
         """The lowest replica publishes the step (its gradient statistics, for the
         coordinator's noise scale, and the reports the all-reduce carried), the held-out loss
-        when due and, when the run has a run directory, its state at each checkpoint (the
-        coordinator takes and deletes it; a run without one would pile them up in the store)."""
+        when due and, when the run has a run directory, its state at each checkpoint the
+        coordinator decided on (it takes and deletes the state; a run without one would pile
+        them up in the store)."""
         cfg = self.spec.cfg
         if not self.lowest:
             return
@@ -295,7 +296,8 @@ class Replica(WorkerProcess):
         self.store.set(C.step_key(t), C.encode_step(self.noise_stats, slots))
         if t % cfg.eval_every == 0:
             self.eval_due = t  # evaluated during the next all-reduce, or at the end
-        if self.checkpointed and (t + 1) % cfg.record_batch == 0:
+        boundary = (t + 1) % cfg.record_batch == 0
+        if self.checkpointed and boundary and self.store.check([C.record_key(t + 1)]):
             self.store.set(C.replica_key(t + 1), self.state_bytes())
 
     def evaluate_due(self) -> None:

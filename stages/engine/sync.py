@@ -105,10 +105,14 @@ class SyncEngine(Engine):
             # under Ctrl-C too, the keys workers read and the count :meth:`stop_workers` puts
             # the stop after agree: else a worker waits for an iteration nobody runs
             with interrupts_deferred():
+                self.before_announcing(max(self.announced + 1, t), self.through)
                 for k in range(max(self.announced + 1, t), self.through + 1):
                     self.announce(k, limit)
                     self.announced = k
         self.begun = t
+
+    def before_announcing(self, first: int, last: int) -> None:  # noqa: B027 (a hook)
+        """Hook: iterations ``first..last`` are about to be announced."""
 
     @property
     def stop_pending(self) -> bool:
