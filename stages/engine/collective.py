@@ -90,14 +90,17 @@ def encode_step(stats: tuple, slots: bytes) -> bytes:
     return ",".join(map(repr, stats)).encode() + b"\n" + slots
 
 
-def decode_step(blob: bytes) -> tuple[tuple | None, list[tuple[int, WorkerReport]]]:
-    """(statistics or None, [(ticket, report)...]) of a step published by :func:`encode_step`."""
-    head, _, slots = blob.partition(b"\n")
+def decode_step(
+    blob: bytes, slots: bool = True
+) -> tuple[tuple | None, list[tuple[int, WorkerReport]]]:
+    """(statistics or None, [(ticket, report)...]) of a step published by :func:`encode_step`
+    (no reports unless ``slots``)."""
+    head, _, rest = blob.partition(b"\n")
     stats = None
     if head:
         n, sq, mean_sq, samples = head.decode().split(",")
         stats = (int(n), float(sq), float(mean_sq), int(samples))
-    return stats, WorkerReport.from_slots(np.frombuffer(slots, dtype="f4"))
+    return stats, WorkerReport.from_slots(np.frombuffer(rest, dtype="f4")) if slots else []
 
 
 def announce_key(t: int) -> str:
@@ -187,7 +190,7 @@ class Coordinator(SyncEngine):
         self.device = resolve_device(cfg.device, cfg.workers)
         self.finished = False
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
-        self.read_steps: dict[int, bytes] = {}  # steps read by admit, not yet by read_noise
+        self.read_steps: dict[int, tuple | None] = {}  # statistics of steps admit read
         self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
 
@@ -207,11 +210,11 @@ class Coordinator(SyncEngine):
         none published had no update (a failure) and is skipped."""
         k = self.noise_next
         while k < t:
-            blob = self.read_steps.pop(k, None)
-            if blob is None and self.store.check([step_key(k)]):
-                blob = self.store.get(step_key(k))
-            if blob is not None:
-                stats, _ = decode_step(blob)
+            read = k in self.read_steps
+            stats = self.read_steps.pop(k, None)
+            if not read and self.store.check([step_key(k)]):
+                read, stats = True, decode_step(self.store.get(step_key(k)), slots=False)[0]
+            if read:
                 if stats is not None:
                     n, sq, mean_sq, samples = stats
                     self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
@@ -281,8 +284,8 @@ class Coordinator(SyncEngine):
         self.admitting = None
         if blob is None:
             return []
-        self.read_steps[t] = blob
-        _, slots = decode_step(blob)
+        stats, slots = decode_step(blob)
+        self.read_steps[t] = stats
         slots.sort(key=lambda s: (s[0], s[1].start_s + s[1].runtime_s))
         reports = [report for _, report in slots]
         for report in reports:
