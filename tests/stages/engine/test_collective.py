@@ -130,6 +130,27 @@ def test_the_held_out_loss_of_an_iteration_is_of_the_parameters_after_it(tmp_pat
     assert losses[-2] != pytest.approx(final, rel=1e-5)
 
 
+def test_every_held_out_loss_is_of_the_parameters_after_its_iteration(tmp_path):
+    """Three replicas: the loss logged for every iteration equals the held-out loss at the
+    parameters after it, read from the checkpoint written after each iteration (the callback of
+    t sees the one after t - 1), though the lowest replica evaluates t during t + 1's sum."""
+    cfg = collective_config(iterations=6, eval_every=1, workers=3, hosts=("h0", "h1", "h2"),
+                            record_batch=1, record_s=0.0)  # fmt: skip
+    after: dict[int, torch.Tensor] = {}
+
+    def on_iteration(t: int, row: dict) -> None:
+        if t > 0:
+            after[t - 1] = replica_params(tmp_path / "run")[0]
+
+    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", on_iteration,
+                        tmp_path / "run")  # fmt: skip
+    losses = result.log["eval_loss"]
+    assert sorted(after) == [0, 1, 2, 3, 4]
+    for t, params in after.items():
+        assert losses[t] == pytest.approx(held_out_loss(cfg, params), rel=1e-5)
+    assert len({round(loss, 6) for loss in losses}) == len(losses)  # the losses move
+
+
 def test_an_online_policy_admits_its_revised_c(tmp_path):
     replay = write_replay_trace(tmp_path / "replay", [[FAST_S, FAST_S, MID_S, SLOW_S]] * 6)
     cfg = collective_config(iterations=6, stragglers=f"replay:{replay}")
