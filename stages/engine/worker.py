@@ -60,6 +60,7 @@ class WorkerProcess:
         self.spec, cfg = spec, spec.cfg
         self.w = spec.worker_id - 1
         self.device = device or torch.device("cpu")
+        use_device(self.device)
         torch.manual_seed(cfg.seed)
         self.workload: Workload = load_workload(cfg.workload, seed=cfg.seed)
         self.model = self.workload.model.to(self.device)
@@ -196,6 +197,14 @@ class PsWorker(WorkerProcess):
         if grad.loss is not None and self.take_ticket(t, limit, self.report(t, grad)):
             self.group.send([self.grad], 0, P.GRAD_TAG).wait()
         return t + 1
+
+
+def use_device(device: torch.device) -> None:
+    """Make a worker's GPU its current device, before anything touches CUDA: CUDA events record
+    on the current device's stream (else GPU 0's, while the model runs on GPU k, and the
+    run-time measures the wrong device), and the process makes no context on GPU 0."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 class Excluded(Exception):

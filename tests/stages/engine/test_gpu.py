@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from stages.engine.launch import run_engine
+from stages.engine.worker import use_device
 from stages.store import TraceStore
 from stages.workloads import backend_for, load_workload, resolve_device
 from tests.stages.engine.test_collective import collective_config
@@ -20,6 +21,16 @@ def test_cpu_placement_and_gloo_without_a_gpu():
     assert backend_for(torch.device("cpu"), 4) == "gloo"
     if not torch.cuda.is_available():
         assert resolve_device("auto", 4) == torch.device("cpu")
+
+
+def test_a_worker_on_gpu_k_makes_it_the_current_device(monkeypatch):
+    """CUDA events record on the current device's stream: a worker on GPU 3 must make GPU 3
+    current (a unit test of the call; the GPU itself is exercised by the tests below)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    use_device(torch.device("cuda", 3))
+    use_device(torch.device("cpu"))
+    assert calls == [torch.device("cuda", 3)]
 
 
 def test_the_transformer_workload_learns_on_the_cpu():
