@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import io
+import os
 import time
 
 import torch
@@ -167,27 +168,35 @@ class Replica(WorkerProcess):
     def all_reduce(self) -> bool:
         """The one collective of an iteration (gloo's ring all-reduce, NCCL's, or the star:
         :func:`stages.engine.collective.allreduce_algorithm`); False if it failed (a member
-        died or hangs). The held-out loss due is evaluated while it runs: the parameters are
-        not stepped yet."""
+        died or hangs). The held-out loss due is evaluated once the sum is under way (the
+        parameters are not stepped yet), outside the failure handling: an error of its own (a
+        GPU out of memory) is not a member's failure."""
         try:
-            if self.star:
-                self.star_all_reduce()
-            else:
-                work = self.group.allreduce([self.comm])
-                self.evaluate_due()
-                work.wait()
+            finish = self.star_sum() if self.star else self.ring_sum()
+        except (RuntimeError, dist.DistError):
+            return False
+        self.evaluate_due()
+        try:
+            finish()
             return True
         except (RuntimeError, dist.DistError):
             return False
 
-    def star_all_reduce(self) -> None:
+    def ring_sum(self):
+        """Start gloo's or NCCL's all-reduce; returns what waits for it."""
+        return self.group.allreduce([self.comm]).wait
+
+    def star_sum(self):
         """The lowest member receives every other member's contribution, adds them to its own
-        in member order and sends the sum back: every replica ends with the same bytes."""
+        in member order and sends the sum back: every replica ends with the same bytes. Starts
+        the lowest member's receives; returns the rest."""
         if len(self.members) == 1:
-            self.evaluate_due()
-        elif self.lowest:
-            received = [self.group.recv([buf], r, STAR_TAG) for r, buf in enumerate(self.inbox, 1)]
-            self.evaluate_due()
+            return lambda: None
+        if not self.lowest:
+            return self.star_leaf
+        received = [self.group.recv([buf], r, STAR_TAG) for r, buf in enumerate(self.inbox, 1)]
+
+        def root() -> None:
             for work in received:
                 work.wait()
             for buf in self.inbox:
@@ -195,9 +204,12 @@ class Replica(WorkerProcess):
             sent = [self.group.send([self.comm], r, STAR_TAG) for r in range(1, len(self.members))]
             for work in sent:
                 work.wait()
-        else:
-            self.group.send([self.comm], 0, STAR_TAG).wait()
-            self.group.recv([self.comm], 0, STAR_TAG).wait()
+
+        return root
+
+    def star_leaf(self) -> None:
+        self.group.send([self.comm], 0, STAR_TAG).wait()
+        self.group.recv([self.comm], 0, STAR_TAG).wait()
 
     def step(self) -> None:
         """SGD with momentum on the mean of the admitted gradients, the learning rate scaled to
@@ -246,6 +258,11 @@ class Replica(WorkerProcess):
         rank, size = self.members.index(self.spec.worker_id), len(self.members)
         prefixed = dist.PrefixStore(f"cpg/{generation}/", self.store)
         if self.backend == "nccl":
+            # wait() blocks and raises at the timeout (which recover() handles) instead of the
+            # watchdog tearing the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING's default): a
+            # dead member then costs the survivors a regrouping, not their lives. Read when the
+            # group is made.
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             return dist.ProcessGroupNCCL(prefixed, rank, size, opts)

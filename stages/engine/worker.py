@@ -12,8 +12,10 @@ no ticket can cut anyone, so the computation skips those checks.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -228,7 +230,9 @@ def check_member(spec: WorkerSpec, members: list[int]) -> None:
 
 def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     """Entry point of a spawned worker process of any kind. Ctrl-C is the engine's to handle; a
-    worker ends when told to stop, when its work is done, or when the engine goes away."""
+    worker ends when told to stop, when its work is done, or when the engine goes away (quietly:
+    the engine says why). An error of its own (the workload's model failing, a GPU out of
+    memory) is one line on stderr before it exits: the engine only sees a dead worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
@@ -236,7 +240,13 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
         body(spec)
     except Excluded:
         return
-    except (TimeoutError, RuntimeError, dist.DistError):
+    except (TimeoutError, dist.DistError):
+        raise SystemExit(1) from None
+    except Exception as exc:  # noqa: BLE001 (reported, then the worker is dead to the engine)
+        text = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        line = f"bdsgd worker {spec.worker_id - 1}: {reason}\n".encode()
+        os.write(sys.stderr.fileno(), line)  # one write: the workers' lines do not interleave
         raise SystemExit(1) from None
 
 

@@ -171,6 +171,41 @@ def test_resume_does_not_run_the_workload_a_run_dir_names(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+BAD_WORKLOAD = """
+import torch
+from stages.workloads import Workload
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 4)
+    def batch(gen, n):  # 7 features for a model of 8: the user's bug
+        return torch.randn(n, 7, generator=gen), torch.randint(0, 4, (n,), generator=gen)
+    held_out = (torch.randn(16, 8), torch.randint(0, 4, (16,)))
+    return Workload("bad", model, batch, torch.nn.functional.cross_entropy, held_out)
+"""
+
+
+@pytest.mark.parametrize("engine", ["ps", "collective"])
+def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_path, engine):
+    """The workers' own error (here torch's shape mismatch) reaches the user, one line per
+    worker, before the engine's own one-line error; without it they died silently. (A worker
+    may be stopped by the engine's end before its first micro-batch: at least one reports.)"""
+    (tmp_path / "badwl.py").write_text(BAD_WORKLOAD)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    args = ["--workers", "2", "--iterations", "5", "--policy", "full", "--engine", engine,
+            "--workload", "badwl:make", "--traces", str(tmp_path / "t"),
+            "--out", str(tmp_path / "run")]  # fmt: skip
+    done = subprocess.run([BDSGD, "train", *args], capture_output=True, text=True, env=env,
+                          timeout=120, start_new_session=True)  # fmt: skip
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    workers = [line for line in lines if line.startswith("bdsgd worker ")]
+    assert workers and len({line.split(":")[0] for line in workers}) == len(workers)
+    assert {line.split(":")[0] for line in workers} <= {"bdsgd worker 0", "bdsgd worker 1"}
+    assert all("RuntimeError: mat1 and mat2 shapes cannot be multiplied" in w for w in workers)
+    assert lines[-1].startswith("error:") and len(lines) <= len(workers) + 2  # + progress
+
+
 def test_resume_of_a_dir_without_state_is_one_line(tmp_path):
     done = bdsgd("train", "--resume", str(tmp_path), "--json", timeout=60)
     assert done.returncode != 0
