@@ -156,7 +156,7 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = No
     on_cpu = resolve_device(cfg.device, cfg.workers).type == "cpu"
     if not on_cpu or torchrun:
         return "ring"
-    crowded = cfg.workers > (cores if cores is not None else (os.cpu_count() or 1))
+    crowded = cfg.workers > (cores if cores is not None else len(os.sched_getaffinity(0)))
     limit = STAR_CROWDED_MAX_PARAMS if crowded else STAR_MAX_PARAMS
     return "star" if params <= limit else "ring"
 
@@ -327,13 +327,19 @@ class Coordinator(SyncEngine):
         if t % self.cfg.eval_every == 0:
             self.pending_evals[t] = len(self.log.rows.get("iteration", []))
         if self.aborted:
+            # no replica stepped, and none publishes a state for a record decided here
+            self.records.discard(t)
             return iteration_s, {"lr": 0.0, "c": 0}
         n, live = len(reports), int(self.live.sum())
         return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
 
     def iteration_keys(self, t: int) -> list[str]:
         evaluated = [eval_key(t)] if t % self.cfg.eval_every == 0 else []
-        recorded = [record_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
+        # (a state published for a record the coordinator did not take: a stop rule, an
+        # iteration ended without an update after the replicas applied it)
+        recorded = (
+            [record_key(t + 1), replica_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
+        )
         return [*super().iteration_keys(t), announce_key(t), *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from stages.engine.worker import (
     check_member,
     wait_announcement,
     worker_entry,
+    workload_code,
 )
 from stages.goodput import NoiseScale
 from stages.workloads import backend_for, resolve_device
@@ -338,7 +339,8 @@ class Replica(WorkerProcess):
     @torch.no_grad()
     def evaluate(self) -> float:
         x, y = self.workload.eval_batch
-        return float(self.workload.loss(self.model(x.to(self.device)), y.to(self.device)))
+        with workload_code():
+            return float(self.workload.loss(self.model(x.to(self.device)), y.to(self.device)))
 
     def state_bytes(self) -> bytes:
         buf = io.BytesIO()

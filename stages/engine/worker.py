@@ -122,17 +122,19 @@ class WorkerProcess:
         samples done) when ``stop()`` says so between micro-batches. An iteration nobody can be
         cut from runs as one pass."""
         size = self.spec.cfg.batch_size
-        x, y = self.workload.batch(self.gen, size)
-        x, y = x.to(self.device), y.to(self.device)
+        with workload_code():
+            x, y = self.workload.batch(self.gen, size)
+            x, y = x.to(self.device), y.to(self.device)
         total, done = 0.0, 0
         for i, (xb, yb) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
             if i and stop():
                 return None, done
-            loss = self.workload.loss(self.model(xb), yb)
-            if xb.shape[0] != size:  # a micro-batch's share of the mean over the mini-batch
-                loss = loss * (xb.shape[0] / size)
-            loss.backward()
-            total += loss.item()
+            with workload_code():
+                loss = self.workload.loss(self.model(xb), yb)
+                if xb.shape[0] != size:  # a micro-batch's share of the mean over the mini-batch
+                    loss = loss * (xb.shape[0] / size)
+                loss.backward()
+                total += loss.item()
             done += xb.shape[0]
         return total, done
 
@@ -201,6 +203,22 @@ class PsWorker(WorkerProcess):
         return t + 1
 
 
+class WorkloadError(Exception):
+    """The workload's own code failed in a worker (its batch, model, loss or backward)."""
+
+
+@contextlib.contextmanager
+def workload_code():
+    """Around the workload's own code: its errors become :class:`WorkloadError`, which the
+    worker reports (a failure of a peer, the store or the engine is not the workload's)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 (any error of the user's code)
+        text = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        raise WorkloadError(reason) from exc
+
+
 def use_device(device: torch.device) -> None:
     """Make a worker's GPU its current device, before anything touches CUDA: CUDA events record
     on the current device's stream (else GPU 0's, while the model runs on GPU k, and the
@@ -230,9 +248,10 @@ def check_member(spec: WorkerSpec, members: list[int]) -> None:
 
 def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     """Entry point of a spawned worker process of any kind. Ctrl-C is the engine's to handle; a
-    worker ends when told to stop, when its work is done, or when the engine goes away (quietly:
-    the engine says why). An error of its own (the workload's model failing, a GPU out of
-    memory) is one line on stderr before it exits: the engine only sees a dead worker."""
+    worker ends when told to stop, when its work is done, or when the engine or a peer goes away
+    (quietly: the engine says why). An error of the workload's own code (its model failing, a
+    GPU out of memory) is one line on stderr before it exits: the engine only sees a dead
+    worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
@@ -240,13 +259,11 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
         body(spec)
     except Excluded:
         return
-    except (TimeoutError, dist.DistError):
-        raise SystemExit(1) from None
-    except Exception as exc:  # noqa: BLE001 (reported, then the worker is dead to the engine)
-        text = str(exc).strip().splitlines()
-        reason = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-        line = f"bdsgd worker {spec.worker_id - 1}: {reason}\n".encode()
+    except WorkloadError as exc:
+        line = f"bdsgd worker {spec.worker_id - 1}: {exc}\n".encode()
         os.write(sys.stderr.fileno(), line)  # one write: the workers' lines do not interleave
+        raise SystemExit(1) from None
+    except (TimeoutError, RuntimeError, dist.DistError):  # gloo's own errors are RuntimeError
         raise SystemExit(1) from None
 
 

@@ -378,6 +378,8 @@ def test_resume_after_the_server_is_killed(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         wait_until(lambda: not any(map(running, workers)), 15, "workers to exit")
+        _, err = proc.communicate(timeout=15)
+        assert "bdsgd worker" not in err  # a peer's or the engine's death is not theirs to tell
     finally:
         kill_session(proc)
     done = bdsgd("train", "--resume", str(tmp_path / "run"), "--json")

@@ -8,6 +8,7 @@ import pytest
 
 from stages.engine import launch
 from stages.engine.checkpoint import STATE_FILE
+from stages.engine.collective import replica_key
 from stages.engine.launch import run_engine
 from stages.store import TraceStore
 from stages.train import load_state
@@ -72,3 +73,27 @@ def test_each_collective_checkpoint_holds_the_replica_state_of_its_iteration(tmp
                         stragglers="none")  # fmt: skip
     run_engine(cfg, RecordingStatic(WORKERS), tmp_path / "traces", on_iteration, tmp_path / "run")
     assert seen == {9: (5, 5), 14: (10, 10), 19: (15, 15)}
+
+
+def test_the_lowest_replica_publishes_no_state_where_no_checkpoint_was_decided(
+    tmp_path, monkeypatch
+):
+    """A floor longer than the run: no checkpoint before the end, so no replica state in the
+    store at any boundary (each is the whole model; published and never taken, they would pile
+    up), read from the run's own store in the callback."""
+    stores = []
+    real = launch.P.open_store
+    monkeypatch.setattr(
+        launch.P, "open_store", lambda *a, **k: stores.append(real(*a, **k)) or stores[-1]
+    )
+    published = []
+
+    def on_iteration(t: int, row: dict) -> None:
+        published.extend(k for k in (5, 10, 15) if k <= t and stores[0].check([replica_key(k)]))
+
+    cfg = engine_config(engine="collective", workers=WORKERS, hosts=("h0", "h1"),
+                        iterations=ITERATIONS, record_batch=BATCH, record_s=1e6,
+                        stragglers="none")  # fmt: skip
+    run_engine(cfg, RecordingStatic(WORKERS), tmp_path / "traces", on_iteration, tmp_path / "run")
+    assert published == []
+    assert replica_params(tmp_path / "run")[1] == ITERATIONS  # the final state still came
