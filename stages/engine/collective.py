@@ -161,6 +161,22 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = No
     return "star" if params <= limit else "ring"
 
 
+NCCL_VETO_KEY = "cnonccl"  # counter: replicas that cannot use NCCL (CPU, or a shared GPU)
+
+
+def vote_backend(store, mine: str) -> None:
+    """A replica's say in the backend, before it reports ready: NCCL only if every replica can
+    use it (each machine decides for its own workers, and machines may differ under torchrun:
+    mixed backends would hang the group's rendezvous)."""
+    store.add(NCCL_VETO_KEY, int(mine != "nccl"))
+
+
+def agreed_backend(store, mine: str) -> str:
+    """The backend every replica builds its groups with, once all have voted (the coordinator
+    announces the first generation only after every replica reported ready)."""
+    return "nccl" if mine == "nccl" and store.add(NCCL_VETO_KEY, 0) == 0 else "gloo"
+
+
 def publish_settings(store, cfg, torchrun: bool, workload, checkpointed: bool) -> None:
     """What every replica reads before it starts: how to sum, and whether to publish its state
     for checkpoints (only a run directory takes them; else they would pile up in the store)."""

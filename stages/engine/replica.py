@@ -47,6 +47,7 @@ class Replica(WorkerProcess):
         device = resolve_device(spec.cfg.device, spec.cfg.workers, spec.local_rank)
         super().__init__(spec, device)
         self.backend = backend_for(device, spec.cfg.workers)
+        C.vote_backend(self.store, self.backend)
         size = sum(p.numel() for p in self.model.parameters())
         kw = dict(device=device)
         self.flat = torch.zeros(size, **kw)  # the parameters (the model's params are views)
@@ -258,7 +259,7 @@ class Replica(WorkerProcess):
         timeout = datetime.timedelta(seconds=cfg.timeout_s / 2)
         rank, size = self.members.index(self.spec.worker_id), len(self.members)
         prefixed = dist.PrefixStore(f"cpg/{generation}/", self.store)
-        if self.backend == "nccl":
+        if C.agreed_backend(self.store, self.backend) == "nccl":
             # wait() blocks and raises at the timeout (which recover() handles) instead of the
             # watchdog tearing the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING's default): a
             # dead member then costs the survivors a regrouping, not their lives. Read when the

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from stages.engine.collective import agreed_backend, vote_backend
 from stages.engine.launch import run_engine
 from stages.engine.worker import use_device
 from stages.store import TraceStore
@@ -21,6 +23,23 @@ def test_cpu_placement_and_gloo_without_a_gpu():
     assert backend_for(torch.device("cpu"), 4) == "gloo"
     if not torch.cuda.is_available():
         assert resolve_device("auto", 4) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "votes,agreed",
+    [
+        (["nccl", "nccl", "nccl"], "nccl"),
+        (["nccl", "gloo", "nccl"], "gloo"),
+        (["gloo"] * 3, "gloo"),
+    ],
+)
+def test_the_replicas_use_nccl_only_if_every_one_can(votes, agreed):
+    """Machines decide for their own workers (a machine whose workers share a GPU, or have
+    none, says gloo): one such replica makes every replica's group gloo, never a mix."""
+    store = dist.HashStore()
+    for mine in votes:
+        vote_backend(store, mine)
+    assert [agreed_backend(store, mine) for mine in votes] == [agreed] * 3
 
 
 def test_a_worker_on_gpu_k_makes_it_the_current_device(monkeypatch):
