@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from stages.engine import protocol as P
+from stages.engine.collective import star_sum
 from stages.workloads import load_workload
 
 
@@ -94,16 +95,8 @@ def _sum_worker(
         tic = time.perf_counter()
         if mode == "ring":
             group.allreduce([buf]).wait()
-        elif rank == 0:  # the star, as the collective engine's replicas run it
-            for work in [group.recv([b], r, 11) for r, b in enumerate(inbox, 1)]:
-                work.wait()
-            for b in inbox:
-                buf.add_(b)
-            for work in [group.send([buf], r, 11) for r in range(1, world)]:
-                work.wait()
-        else:
-            group.send([buf], 0, 11).wait()
-            group.recv([buf], 0, 11).wait()
+        else:  # the star, as the collective engine's replicas run it
+            star_sum(group, rank, world, buf, inbox)()
         if i >= 3:
             times.append(time.perf_counter() - tic)
     q.put(sorted(times)[len(times) // 2] * 1e3)

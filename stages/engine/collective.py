@@ -161,6 +161,36 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = No
     return "star" if params <= limit else "ring"
 
 
+STAR_TAG = 11  # the star sum's messages
+
+
+def star_sum(group, rank: int, size: int, buf: torch.Tensor, inbox: list[torch.Tensor]):
+    """Sum ``buf`` over a gloo group by star: rank 0 receives every other rank's buffer (into
+    ``inbox``, one per other rank), adds them to its own in rank order and sends the sum back,
+    so every rank ends with the same bytes. Starts rank 0's receives and returns the rest, to
+    be called once the caller has used the wait (the replicas evaluate the held-out loss)."""
+    if size == 1:
+        return lambda: None
+    if rank != 0:
+
+        def leaf() -> None:
+            group.send([buf], 0, STAR_TAG).wait()
+            group.recv([buf], 0, STAR_TAG).wait()
+
+        return leaf
+    received = [group.recv([b], r, STAR_TAG) for r, b in enumerate(inbox, 1)]
+
+    def root() -> None:
+        for work in received:
+            work.wait()
+        for b in inbox:
+            buf.add_(b)
+        for work in [group.send([buf], r, STAR_TAG) for r in range(1, size)]:
+            work.wait()
+
+    return root
+
+
 NCCL_VETO_KEY = "cnonccl"  # counter: replicas that cannot use NCCL (CPU, or a shared GPU)
 
 

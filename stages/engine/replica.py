@@ -39,7 +39,6 @@ from stages.goodput import NoiseScale
 from stages.workloads import backend_for, resolve_device
 
 SCALARS = 3  # samples, |g_i|^2, contributions
-STAR_TAG = 11  # the star all-reduce's messages
 
 
 class Replica(WorkerProcess):
@@ -189,29 +188,9 @@ class Replica(WorkerProcess):
         return self.group.allreduce([self.comm]).wait
 
     def star_sum(self):
-        """The lowest member receives every other member's contribution, adds them to its own
-        in member order and sends the sum back: every replica ends with the same bytes. Starts
-        the lowest member's receives; returns the rest."""
-        if len(self.members) == 1:
-            return lambda: None
-        if not self.lowest:
-            return self.star_leaf
-        received = [self.group.recv([buf], r, STAR_TAG) for r, buf in enumerate(self.inbox, 1)]
-
-        def root() -> None:
-            for work in received:
-                work.wait()
-            for buf in self.inbox:
-                self.comm.add_(buf)
-            sent = [self.group.send([self.comm], r, STAR_TAG) for r in range(1, len(self.members))]
-            for work in sent:
-                work.wait()
-
-        return root
-
-    def star_leaf(self) -> None:
-        self.group.send([self.comm], 0, STAR_TAG).wait()
-        self.group.recv([self.comm], 0, STAR_TAG).wait()
+        """The star (:func:`stages.engine.collective.star_sum`), the lowest member at its root."""
+        rank = self.members.index(self.spec.worker_id)
+        return C.star_sum(self.group, rank, len(self.members), self.comm, self.inbox)
 
     def step(self) -> None:
         """SGD with momentum on the mean of the admitted gradients, the learning rate scaled to
