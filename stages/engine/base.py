@@ -289,7 +289,7 @@ class Engine(abc.ABC):
                 source=self.cfg.source,
                 workload=self.cfg.workload,
                 batch_size=self.cfg.batch_size,
-                device=self.trace_device(),
+                device=self.trace_device(rep.worker),
                 **rep.trace_values(),
             )
             for k, v in values.items():
@@ -298,7 +298,8 @@ class Engine(abc.ABC):
             self.writer.add(rows)
             self.rows_added += len(reports)
 
-    def trace_device(self) -> str:
+    def trace_device(self, worker: int) -> str:
+        """The device ``worker`` computes on, for its trace rows."""
         return "cpu"
 
     def record_due(self, t: int) -> bool:

@@ -137,6 +137,13 @@ def digest_key(worker: int) -> str:
     return f"cdigest/{worker}"
 
 
+def device_key(worker: int) -> str:
+    """The device type a replica computes on (``cpu`` or ``cuda``), set before it is ready:
+    each machine resolves ``--device`` for its own workers, so the coordinator's host (under
+    torchrun, perhaps one without a GPU) does not guess it."""
+    return f"cdevice/{worker}"
+
+
 def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = None) -> str:
     """How the replicas sum (``--allreduce``). gloo's ring all-reduce takes 2(N-1) steps, each
     waiting for the next process to be scheduled: on one machine with more processes than cores
@@ -153,9 +160,8 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = No
     by ring otherwise. NCCL and gloo on CUDA tensors keep their own all-reduce."""
     if cfg.allreduce != "auto":
         return cfg.allreduce
-    on_cpu = resolve_device(cfg.device, cfg.workers).type == "cpu"
-    if not on_cpu or torchrun:
-        return "ring"
+    if torchrun or resolve_device(cfg.device, cfg.workers).type != "cpu":
+        return "ring"  # (under torchrun this host's devices say nothing of the workers')
     crowded = cfg.workers > (cores if cores is not None else len(os.sched_getaffinity(0)))
     limit = STAR_CROWDED_MAX_PARAMS if crowded else STAR_MAX_PARAMS
     return "star" if params <= limit else "ring"
@@ -233,7 +239,7 @@ class Coordinator(SyncEngine):
         self.replica: tuple[int, bytes] | None = None  # (steps, state) last fetched
         self.lags_ms: list[float] = []
         self.digests: dict[int, str] = {}
-        self.device = resolve_device(cfg.device, cfg.workers)
+        self.devices: dict[int, str] = {}  # worker -> the device type it computes on
         self.finished = False
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
         self.read_steps: dict[int, tuple | None] = {}  # statistics of steps admit read
@@ -242,6 +248,9 @@ class Coordinator(SyncEngine):
 
     def connect(self) -> None:
         super().connect()
+        workers = [int(w) for w in np.flatnonzero(self.live)]
+        kinds = self.store.multi_get([device_key(w) for w in workers]) if workers else []
+        self.devices = {w: kind.decode() for w, kind in zip(workers, kinds, strict=True)}
         self.last_cut = time.perf_counter()
 
     # -- an iteration -------------------------------------------------------------------------
@@ -530,8 +539,8 @@ class Coordinator(SyncEngine):
             return float(self.store.get(eval_key("final")).decode())
         return None
 
-    def trace_device(self) -> str:
-        return self.device.type
+    def trace_device(self, worker: int) -> str:
+        return self.devices[worker]  # (every worker a row is written for was live at connect)
 
     def extras(self) -> dict:
         """What the summary reports of the collective engine."""
@@ -542,5 +551,5 @@ class Coordinator(SyncEngine):
             "join_lag_ms_p99": float(np.percentile(lags, 99)),
             "replicas_identical": len(set(self.digests.values())) <= 1,
             "replica_digests": {str(k): v for k, v in self.digests.items()},
-            "device": self.device.type,
+            "device": ",".join(sorted(set(self.devices.values()))),  # "cpu,cuda": a mix
         }

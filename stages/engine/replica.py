@@ -47,6 +47,7 @@ class Replica(WorkerProcess):
         super().__init__(spec, device)
         self.backend = backend_for(device, spec.cfg.workers)
         C.vote_backend(self.store, self.backend)
+        self.store.set(C.device_key(self.w), device.type)
         size = sum(p.numel() for p in self.model.parameters())
         kw = dict(device=device)
         self.flat = torch.zeros(size, **kw)  # the parameters (the model's params are views)

@@ -80,6 +80,11 @@ def test_every_iteration_admits_exactly_c_and_cuts_the_slow_worker(slow_worker_r
     assert np.array_equal(cut, np.maximum(seen, 1e-6))
 
 
+def test_each_row_names_the_device_its_replica_reported(slow_worker_run):
+    _, _, result, rows, _ = slow_worker_run
+    assert set(rows["device"].to_list()) == {"cpu"} and result.extras["device"] == "cpu"
+
+
 def test_replicas_stay_bit_identical(slow_worker_run):
     cfg, _, result, _, run_dir = slow_worker_run
     assert len(result.extras["replica_digests"]) == cfg.workers
@@ -399,6 +404,12 @@ def test_auto_sums_a_larger_model_by_star_only_with_more_workers_than_cores():
     assert allreduce_algorithm(cfg, torchrun=False, params=mid, cores=4) == "ring"
     big = STAR_CROWDED_MAX_PARAMS + 1
     assert allreduce_algorithm(cfg, torchrun=False, params=big, cores=2) == "ring"
+
+
+def test_under_torchrun_auto_sums_by_ring_without_resolving_this_hosts_device():
+    """The coordinator's host may have no GPU while the workers' machines do."""
+    cfg = collective_config(device="cuda")
+    assert allreduce_algorithm(cfg, torchrun=True, params=77_000, cores=16) == "ring"
 
 
 def test_a_star_on_cuda_tensors_is_refused():
