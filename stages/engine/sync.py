@@ -27,6 +27,7 @@ from stages.stragglers import parse_stragglers
 
 CLOSE_GRACE_S = 5.0  # how long a closing engine waits for a ticket holder to name itself
 HOLE_GRACE_S = 0.5  # how long a taken ticket may stay nameless before a dead holder is assumed
+REPORT_GRACE_S = 0.01  # at a tick, how long a taken ticket's report is awaited before asking
 
 
 class SyncEngine(Engine):
@@ -197,8 +198,11 @@ class SyncEngine(Engine):
     def wait_arrival(self, t: int, ticket: int, deadline: float) -> bool | None:
         """Whether ``ticket``'s report is in (True), or the ticket is a hole to skip (False: its
         holder died, or hung, between taking it and naming itself); None ends the admission:
-        every live worker has reported, or the deadline passed (then the workers without a
-        ticket are declared dead)."""
+        every live worker has reported, the policy stopped at a tick, or the deadline passed
+        (then the workers without a ticket are declared dead). At a tick, a ticket already taken
+        is read first (its report follows within ``REPORT_GRACE_S``): its holder finished
+        before the engine looked, most likely before the tick, and the simulator, which knows
+        every run-time, takes such an arrival before the tick too."""
         key, missing_since = P.arrival_key(t, ticket), None
         if ticket > self.ticket_limit():
             return None  # a hole took an admitted ticket: nobody else is admitted
@@ -206,9 +210,11 @@ class SyncEngine(Engine):
             self.poll()
             if self.aborted or self.all_reported():
                 return None
+            taken = self.store.add(P.ticket_key(t), 0) >= ticket
+            if taken and P.wait_key(self.store, key, REPORT_GRACE_S):
+                return True  # its holder finished (before the tick due, if one is): read it first
             if self.driver.wait(self.driver_now()):
                 return None  # asked again while waiting, the policy stops here
-            taken = self.store.add(P.ticket_key(t), 0) >= ticket
             missing_since = missing_since or (time.monotonic() if taken else None)
             if missing_since and self.holder_died(missing_since):
                 return False

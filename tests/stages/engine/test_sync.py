@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch.distributed as dist
 
@@ -179,3 +180,54 @@ def wait_for(condition, timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met"
         time.sleep(0.01)
+
+
+class LateReport:
+    """A store whose ``late`` key lands just as a wait for it times out: a worker that took its
+    ticket before a tick and wrote its report a moment later."""
+
+    def __init__(self, late: str, value: bytes):
+        self.inner, self.late, self.value = dist.HashStore(), late, value
+
+    def wait(self, keys, timeout):
+        if self.late in keys and self.value is not None:
+            time.sleep(timeout.total_seconds())
+            self.inner.set(self.late, self.value)
+            self.value = None
+            raise dist.DistStoreError("timed out")
+        self.inner.wait(keys, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class Patient(StaticCutoff):
+    """Online: waits for every worker at an arrival, stops at the first tick."""
+
+    online = True
+
+    def __init__(self):
+        super().__init__(4)
+        self.asked: list[tuple[float, int]] = []  # (present, arrivals in)
+
+    def revise(self, now_s, runtimes, arrived):
+        self.asked.append((now_s, int(arrived.sum())))
+        at_arrival = np.isclose(now_s, runtimes[arrived].max())
+        return 4 if at_arrival else int(arrived.sum())
+
+
+def test_at_a_tick_a_ticket_already_taken_is_read_before_the_policy_is_asked():
+    """Worker 0 arrives at 10 ms; worker 2 takes ticket 2, but its report lands only as the
+    engine's wait runs into the tick (50 ms after the arrival). The engine reads that report
+    before asking the policy at the tick: the policy is asked at both arrivals first."""
+    cfg = engine_config(timeout_s=60.0)
+    report = WorkerReport(2, 0, 0.0, 0.02, 1.0, 0.0).encode()
+    store = LateReport(P.arrival_key(0, 2), report)
+    policy = Patient()
+    engine = HandDriven(cfg, store, policy, None, lambda w: True)
+    engine.begin(0)
+    take(store, 0, 0)  # ticket 1, run-time 0.01
+    store.add(P.ticket_key(0), 1)  # ticket 2: its report comes late
+    reports = engine.admit(0)
+    assert [r.worker for r in reports] == [0, 2]
+    assert policy.asked[:2] == [(pytest.approx(0.01), 1), (pytest.approx(0.02), 2)]  # no tick

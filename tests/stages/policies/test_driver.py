@@ -79,7 +79,7 @@ def test_a_policy_that_waits_is_not_asked_again_once_the_last_worker_arrives():
     assert policy.asked == [0.1, 0.15, 0.2, 0.3]  # ticks before 0.5; the last arrival ends it
 
 
-RACE_S = 0.01  # a tick this close after an arrival may be seen before the arrival's report
+RACE_S = 0.01  # a tick this close after an arrival may be seen before the arrival's ticket
 
 
 @pytest.mark.timeout(300)
@@ -121,10 +121,11 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_p
         assert np.array_equal(out.runtimes[~censored], recorded[~censored])
         # censored at the cut: an arrival's run-time, or a tick, which the engine acts on when
         # its clock reaches it (so no earlier than the simulator). Except where a tick and an
-        # arrival came within a report's latency (CI saw 1 ms): the engine may ask the policy
-        # at the tick before it reads the report, cut there and admit that worker as it closes
-        # (the simulator took the arrival first and cut at a later tick); its cut is then
-        # within RACE_S of the last admitted run-time
+        # arrival came within a ticket's latency (CI saw 1 ms): the engine reads a ticket taken
+        # by the tick first, but a worker that finished just before it and had not taken its
+        # ticket yet is read after the policy cut at the tick, and admitted as the engine
+        # closes (the simulator took the arrival first and cut at a later tick); its cut is
+        # then within RACE_S of the last admitted run-time
         raced = recorded[censored].max(initial=0.0) - recorded[~censored].max() < RACE_S
         assert np.all(recorded[censored] >= out.runtimes[censored]) or raced
         ticked += out.cut_s > max(out.runtimes[~censored], default=0.0)
