@@ -36,7 +36,12 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
     help="Fixed cost per iteration (per update for the async policies), seconds.",
 )
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory to write.")
-@click.option("--run", "run_id", help="Run id to replay (default: the last run of the store).")
+@click.option(
+    "--run",
+    "run_id",
+    help="Run id to replay (default: the run that wrote the store's newest "
+    "trace file, e.g. the last train run).",
+)
 @click.option(
     "--from-frac",
     type=float,

@@ -92,8 +92,10 @@ SPEC_KEYS = (
     "--resume",
     "resume",
     type=click.Path(file_okay=False, exists=True),
-    help="Continue the killed run in this run directory (a module:function workload must be "
-    "given again with --workload: the run directory is not trusted to name code).",
+    help="Continue the killed run in this run directory, with the settings in its config.json "
+    "(only --iterations, --workload and --allow-oversubscribe may be given too; a "
+    "module:function workload must be given again with --workload: the run directory is not "
+    "trusted to name code).",
 )
 @options.host
 @options.timeout
@@ -107,9 +109,10 @@ SPEC_KEYS = (
 @options.json_out
 @run_stage
 def train(json_out: bool, resume: str | None, **kwargs) -> None:
-    """SGD through a parameter server: apply the first c gradients and drop the stragglers
-    (cutoff policies), or apply every K arrivals while stragglers keep computing (asynchronous);
-    append every observation (censored ones too) to the traces."""
+    """Distributed SGD that drops stragglers: apply the first c gradients (cutoff policies; an
+    all-reduce among worker replicas, or a parameter server with --engine ps), or apply every K
+    arrivals while stragglers keep computing (asynchronous, parameter server); append every
+    observation (censored ones too) to the traces."""
     from stages.train import run_train
 
     cfg = _config(resume, kwargs)
@@ -118,12 +121,36 @@ def train(json_out: bool, resume: str | None, **kwargs) -> None:
         emit_json({k: summary[k] for k in SPEC_KEYS} | {"run_id": summary["run_id"]})
 
 
+RESUME_FLAGS = {"resume", "iterations", "workload", "allow_oversubscribe", "json_out"}
+
+
+def check_resume_flags(ctx: click.Context) -> None:
+    """A resumed run takes its settings from its run directory: a flag that would be ignored
+    is refused, so nobody believes a new --policy or --timeout took effect."""
+    ignored = [
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name not in RESUME_FLAGS
+        and ctx.get_parameter_source(param.name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    ]
+    if ignored:
+        from stages.errors import ConfigError
+
+        raise ConfigError(
+            f"--resume continues with the settings in RUN_DIR/config.json; only --iterations, "
+            f"--workload and --allow-oversubscribe may be given with it, not {', '.join(ignored)}"
+        )
+
+
 def _config(resume: str | None, kw: dict):
     from stages.errors import ConfigError
     from stages.train import TrainConfig, resume_config
 
     if resume:
-        given = click.get_current_context().get_parameter_source("workload")
+        ctx = click.get_current_context()
+        check_resume_flags(ctx)
+        given = ctx.get_parameter_source("workload")
         workload = kw["workload"] if given == ParameterSource.COMMANDLINE else None
         return resume_config(
             Path(resume), kw["iterations"], kw["allow_oversubscribe"], workload=workload

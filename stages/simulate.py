@@ -29,6 +29,7 @@ by iteration, which the replay cannot measure: before each sync iteration t the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -78,7 +79,7 @@ class SimulateConfig:
     out: Path | None = None
     """Run directory to write (summary.json, iterations.parquet); None: write nothing."""
     run_id: str | None = None
-    """Run of the trace store to replay; None: the last run (run ids sort by start time)."""
+    """Run of the trace store to replay; None: the run that wrote the store's newest file."""
     from_frac: float = 0.0
     """Fraction of the run's rows that policies only observe (warm-up) before the simulated tail."""
     sample: int | None = None
@@ -440,9 +441,7 @@ def load_run(config: SimulateConfig) -> RunMatrix:
     if config.sample is not None:
         return sample_run(config.checkpoint, config.sample, config.seed)
     store = TraceStore(config.traces, skip_bad_files=config.skip_bad_files)
-    if config.run_id is not None:
-        return store.run_matrix(config.run_id)
-    return store.run_matrices()[-1]
+    return store.run_matrix(config.run_id if config.run_id is not None else store.latest_run_id())
 
 
 def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
@@ -509,12 +508,27 @@ def run_simulate(config: SimulateConfig) -> dict:
 
 def check_writable_dir(out: Path) -> None:
     """Raise ConfigError unless ``out`` is a directory this process can write, or can create:
-    its nearest existing ancestor is a writable directory. Creates nothing."""
+    its nearest existing ancestor is a writable directory; an existing one must be empty or
+    an earlier ``simulate --out`` (whose two files are replaced: nothing simulate did not write
+    is overwritten). Creates nothing."""
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"cannot write --out {out}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write --out {out}: {existing} is not writable")
+    if existing == out and any(out.iterdir()) and not written_by_simulate(out):
+        raise ConfigError(
+            f"--out {out} is not empty and not an earlier simulate's output: pass a new or "
+            "empty directory (simulate writes summary.json and iterations.parquet there)"
+        )
+
+
+def written_by_simulate(out: Path) -> bool:
+    """Whether ``out`` holds an earlier ``simulate --out`` (its summary says so)."""
+    try:
+        return json.loads((out / "summary.json").read_text()).get("kind") == "simulate"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def write_simulation(config: SimulateConfig, summary: dict, replays: list[PolicyRun]) -> None:

@@ -185,6 +185,19 @@ class TraceStore:
             for rid in sorted(df["run_id"].unique())
         ]
 
+    def latest_run_id(self) -> str:
+        """The run that wrote the store's newest file (file names begin with the time they were
+        written: after a ``train``, that run). Only that file is read; a bad one is refused, or
+        with ``skip_bad_files`` left out for the one before it."""
+        files = self.files()
+        if not files:
+            raise TraceError(f"trace store {self.path} holds no trace files")
+        for f in reversed(files):
+            [frame] = self._good_file_rows([f], None) or [None]
+            if frame is not None and frame.height:
+                return str(frame["run_id"][-1])
+        raise TraceError(f"{self.path}: no rows")
+
     def run_matrix(self, run_id: str, missing_ok: bool = False) -> RunMatrix | None:
         """One run as a :class:`RunMatrix`, read lazily (only that run's rows are loaded and
         validated). A run that is not there is an error, or None with ``missing_ok``."""

@@ -479,7 +479,9 @@ def resume_config(
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a train config")
     check_resumed_workload(path, data.get("workload", "mlp"), workload)
-    overrides = {"iterations": iterations} if iterations else {}
+    overrides: dict = {"out": run_dir}  # (where it is now: it may have been moved)
+    if iterations:
+        overrides["iterations"] = iterations
     if allow_oversubscribe:
         overrides["allow_oversubscribe"] = True
     try:

@@ -73,6 +73,24 @@ def test_policies_run_choice_from_frac_and_out(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["kind"] == "simulate" and summary["traces"] == str(tmp_path / "traces")
     assert (out / "iterations.parquet").is_file()
+    again = CliRunner().invoke(cli, [*args[:4], "full", *args[5:]])  # an earlier simulate's
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "summary.json").read_text())["policies"].keys() == {"full"}
+
+
+@pytest.mark.parametrize("kind", ["train", None])
+def test_out_that_holds_files_simulate_did_not_write_is_refused(tmp_path, kind):
+    """A train run directory (or any other non-empty one) is never overwritten."""
+    write_run(tmp_path / "traces", "profile-1", straggling(10, 4))
+    out = tmp_path / "run"
+    out.mkdir()
+    files = {"summary.json": json.dumps({"kind": kind}), "iterations.parquet": "theirs"}
+    for name, text in files.items():
+        (out / name).write_text(text)
+    args = ["simulate", "--traces", str(tmp_path / "traces"), "--policies", "full"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert "not an earlier simulate's output" in one_line_error(result)
+    assert {p.name: p.read_text() for p in out.iterdir()} == files
 
 
 def one_line_error(result) -> str:

@@ -206,6 +206,17 @@ def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_p
     assert lines[-1].startswith("error:") and len(lines) <= len(workers) + 2  # + progress
 
 
+def test_resume_refuses_a_flag_it_would_ignore(tmp_path):
+    """Settings come from the run directory: a new --policy or --timeout is refused, not
+    silently dropped."""
+    done = bdsgd("train", "--resume", str(tmp_path), "--policy", "full", "--timeout", "9",
+                 timeout=60)  # fmt: skip
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
+    assert "--policy, --timeout" in lines[0]
+
+
 def test_resume_of_a_dir_without_state_is_one_line(tmp_path):
     done = bdsgd("train", "--resume", str(tmp_path), "--json", timeout=60)
     assert done.returncode != 0
@@ -382,15 +393,16 @@ def test_resume_after_the_server_is_killed(tmp_path):
         assert "bdsgd worker" not in err  # a peer's or the engine's death is not theirs to tell
     finally:
         kill_session(proc)
-    done = bdsgd("train", "--resume", str(tmp_path / "run"), "--json")
+    (tmp_path / "run").rename(tmp_path / "moved")  # resumed where it is, not where it was
+    done = bdsgd("train", "--resume", str(tmp_path / "moved"), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["iterations"] == 80
+    assert summary["iterations"] == 80 and not (tmp_path / "run").exists()
     rows = TraceStore(tmp_path / "traces").read()  # validates: no duplicate cells
     assert rows["run_id"].unique().to_list() == [summary["run_id"]]
     cells = set(zip(rows["iteration"], rows["worker"], strict=True))
     assert cells == {(t, w) for t in range(80) for w in range(3)}  # nothing lost, nothing twice
-    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    its = pq.read_table(tmp_path / "moved" / "iterations.parquet").to_pydict()
     assert its["iteration"] == list(range(80))
 
 

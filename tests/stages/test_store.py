@@ -248,6 +248,23 @@ def test_skip_bad_files_reads_the_good_ones(store_with_bad_files):
         assert (path / name).read_bytes() == content
 
 
+def test_the_latest_run_is_the_one_that_wrote_the_newest_file(tmp_path, trace_rows):
+    """Not the id that sorts last: a train run written after a profile is the latest."""
+    store = TraceStore(tmp_path / "traces")
+    store.append(trace_rows(run_id="profile-2"))
+    store.append(trace_rows(run_id="import-1"))
+    assert store.latest_run_id() == "import-1"
+    store.append(trace_rows(run_id="b"))
+    assert store.latest_run_id() == "b"
+
+
+def test_a_bad_newest_file_is_refused_or_skipped_for_the_latest_run(store_with_bad_files):
+    path, _ = store_with_bad_files  # the bad files' names sort after the good ones
+    with pytest.raises(TraceError, match="part-zz-huge.parquet"):
+        TraceStore(path).latest_run_id()
+    assert TraceStore(path, skip_bad_files=True).latest_run_id() == "b"
+
+
 def test_an_out_of_range_file_is_named(tmp_path, trace_rows):
     store = TraceStore(tmp_path / "traces", skip_bad_files=False)
     store.append(trace_rows(run_id="a"))
