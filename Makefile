@@ -4,13 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := demo-out
+# Where pip finds torch: empty takes pip's own configuration (a machine with local wheels gets
+# its CPU build); on plain PyPI, where torch==2.13.0 is the CUDA build, give the CPU index:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cpu demo
+TORCH_INDEX ?=
 
 .PHONY: install demo test lint bench bench-quick docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0   # CPU wheel first; a loose range would pull CUDA builds
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))  # first: a loose range pulls newer builds
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -26,7 +26,8 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
     "k-async:K, async, adasync, oracle; ecdf, ewma and bdsgd take ':iteration' for the "
     "per-iteration objective and ':online' or ':fixed' to revise c at every arrival or not; "
     "bdsgd is online by default; elfving, ecdf, ewma and bdsgd take ':goodput' to value c "
-    "gradients by their gain, see --noise-scale); default: every policy that applies.",
+    "gradients by their gain, see --noise-scale; bdsgd:unchecked turns off its self-check "
+    "against the simple peers); default: every policy that applies.",
 )
 @click.option(
     "--overhead-s",

@@ -29,8 +29,9 @@ SPEC_KEYS = (
 @click.option(
     "--policy",
     help="Cutoff: full, static:C, elfving, ecdf, ewma, bdsgd (revises c as gradients arrive; "
-    "bdsgd:fixed does not); asynchronous: k-async:K, async, adasync[:G] (--iterations then "
-    "counts updates).",
+    "bdsgd:fixed does not), with the suffixes simulate --policies lists (:goodput, "
+    ":iteration, :online, :fixed, :unchecked); asynchronous: k-async:K, async, adasync[:G] "
+    "(--iterations then counts updates).",
 )
 @click.option(
     "--traces", type=click.Path(file_okay=False), help="Trace store the rows are appended to."
@@ -72,7 +73,7 @@ SPEC_KEYS = (
     "--max-wall-s",
     type=float,
     help="End the run once its wall clock passes this many seconds, whatever --iterations says "
-    "(compare policies on the same time budget).",
+    "(compare policies on the same time budget; a resumed run counts the time already spent).",
 )
 @click.option(
     "--min-workers",
@@ -85,7 +86,8 @@ SPEC_KEYS = (
     "--overhead-s",
     default="auto",
     show_default=True,
-    help="Fixed cost per iteration given to the policy, seconds, or 'auto' to measure it.",
+    help="Fixed cost per iteration given to the policy, seconds, or 'auto' to measure it (the "
+    "asynchronous policies measure nothing: auto gives them 0).",
 )
 @options.explore
 @click.option(
