@@ -137,6 +137,9 @@ class TrainConfig:
             raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
         if self.stop_at_target and self.target_loss is None:
             raise ConfigError("--stop-at-target needs --target-loss")
+        for flag, value in (("--overhead-s", self.overhead_s), ("--target-loss", self.target_loss)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{flag} must be a finite number >= 0, got {value}")
         if self.max_wall_s is not None and not (
             math.isfinite(self.max_wall_s) and self.max_wall_s > 0
         ):
@@ -147,8 +150,10 @@ class TrainConfig:
         return engine_config(self, run_id=run_id, source="train", hosts=hosts)
 
     def to_json(self) -> dict:
+        """Paths absolute: a run resumed from another working directory finds the same ones."""
         return {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
+            k: (str(v.absolute()) if isinstance(v, Path) else v)
+            for k, v in dataclasses.asdict(self).items()
         }
 
     @classmethod
@@ -169,6 +174,9 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     run_id = state["run_id"] if state else new_run_id("train")
     engine_cfg = cfg.engine_settings(run_id)  # everything is checked before anything is written
     policy = build_policy(cfg, engine_cfg.hosts)
+    variant(engine_cfg, policy)  # (the engine that runs the policy takes the other flags)
+    if state:
+        check_resumable(state, cfg, engine_cfg, policy)
     undo = prepare_run_dir(cfg) if not resume else None
     try:
         TraceStore(cfg.traces).check_writable()
@@ -183,7 +191,6 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
     """The run itself, in a prepared run directory."""
     run_id = engine_cfg.run_id
     if state:
-        check_resumable(state, engine_cfg, policy, cfg.out)
         if policy.mode == "k-async":
             replay_async_history(policy, cfg.traces, run_id, state)
         else:
@@ -290,13 +297,31 @@ def load_state(run_dir: Path) -> dict:
     return with_whole_log(run_dir, state)
 
 
-def check_resumable(state: dict, engine: EngineConfig, policy: Policy, run_dir: Path) -> None:
-    """The checkpoint was written by the engine variant this run would use."""
-    kind = variant(engine, policy)
+def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy: Policy) -> None:
+    """The checkpoint was written by the engine variant this run would use, for as many workers
+    as the config says, enough of them alive, and iterations are left to run (a finished run is
+    not run again: its summary stays)."""
+    path, kind = cfg.out / STATE_FILE, variant(engine, policy)
     if state.get("engine") != kind:
         raise CheckpointError(
-            f"{run_dir / STATE_FILE} was written by the {state.get('engine')} engine, not by the "
-            f"{kind} engine that runs policy {policy.name!r}"
+            f"{path} was written by the {state.get('engine')} engine, not by the {kind} engine "
+            f"that runs policy {policy.name!r}"
+        )
+    live = state.get("live")
+    if not isinstance(live, list) or len(live) != cfg.workers:
+        raise CheckpointError(
+            f"{path} is not this run's: it holds {len(live) if isinstance(live, list) else 'no'} "
+            f"workers, the run's {CONFIG_FILE} says {cfg.workers}"
+        )
+    if sum(map(bool, live)) < cfg.min_workers:
+        raise CheckpointError(
+            f"{path}: only {sum(map(bool, live))} worker(s) were left at the checkpoint, fewer "
+            f"than the run's --min-workers {cfg.min_workers}"
+        )
+    if int(state.get("next_iteration", 0)) >= cfg.iterations:
+        raise ConfigError(
+            f"{cfg.out} has already run {int(state['next_iteration'])} iterations: pass "
+            f"--iterations above that to extend it"
         )
 
 

@@ -58,6 +58,9 @@ class EngineConfig:
                               "computes on CPU)")  # fmt: skip
         if self.allreduce not in ALLREDUCES:
             raise ConfigError(f"--allreduce must be one of {', '.join(ALLREDUCES)}")
+        if self.engine == "ps" and (self.salvage or self.allreduce != "auto"):
+            raise ConfigError("--salvage and --allreduce apply to --engine collective only (the "
+                              "parameter server sums what it receives)")  # fmt: skip
         if self.allreduce == "star" and self.device == "cuda":
             raise ConfigError("--allreduce star sums CPU tensors over gloo: not with --device cuda")
         if self.lr_scaling not in LR_SCALINGS:

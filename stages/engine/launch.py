@@ -50,10 +50,10 @@ def variant(cfg: EngineConfig, policy: Policy) -> str:
     ``cfg.engine`` (``auto``: collective)."""
     if policy.mode != "k-async":
         return "collective" if cfg.engine == "auto" else cfg.engine
-    if cfg.engine == "collective" or cfg.device == "cuda":
+    if cfg.engine == "collective" or cfg.device == "cuda" or cfg.salvage or cfg.allreduce != "auto":
         raise ConfigError(
             f"{policy.name} applies stale gradients through a parameter server: it runs on "
-            "--engine ps only, on CPU"
+            "--engine ps only, on CPU (no --device cuda, --salvage or --allreduce)"
         )
     return "async"
 

@@ -206,6 +206,16 @@ def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_p
     assert lines[-1].startswith("error:") and len(lines) <= len(workers) + 2  # + progress
 
 
+def test_a_finished_run_is_not_resumed_and_keeps_its_results(slow_worker_train):
+    tmp, _ = slow_worker_train
+    before = (tmp / "run" / "summary.json").read_bytes()
+    done = bdsgd("train", "--resume", str(tmp / "run"), timeout=60)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already run 20 iterations" in lines[0], done.stderr
+    assert (tmp / "run" / "summary.json").read_bytes() == before
+
+
 def test_resume_refuses_a_flag_it_would_ignore(tmp_path):
     """Settings come from the run directory: a new --policy or --timeout is refused, not
     silently dropped."""

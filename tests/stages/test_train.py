@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,9 @@ def config(tmp_path, **overrides) -> TrainConfig:
         (dict(explore=1.0), r"--explore must be in \[0, 1\), got 1.0"),
         (dict(stop_at_target=True), "--stop-at-target needs --target-loss"),
         (dict(max_wall_s=0.0), "--max-wall-s must be a finite number > 0, got 0.0"),
+        (dict(overhead_s=-1.0), "--overhead-s must be a finite number >= 0, got -1.0"),
+        (dict(overhead_s=float("nan")), "--overhead-s must be a finite number >= 0, got nan"),
+        (dict(target_loss=float("nan")), "--target-loss must be a finite number >= 0, got nan"),
     ],
 )
 def test_train_config_rejects_bad_values(tmp_path, bad, needle):
@@ -132,23 +137,59 @@ def test_adasync_reaches_k_equal_n_in_the_last_stage_of_the_updates(tmp_path, wo
     assert ks.index(workers) > updates // 2  # the stages are spread over the run
 
 
+def resumable(engine: str, workers: int = 4, live: int = 4, next_iteration: int = 5) -> dict:
+    """The parts of an engine checkpoint :func:`check_resumable` reads."""
+    alive = [True] * live + [False] * (workers - live)
+    return {"engine": engine, "live": alive, "next_iteration": next_iteration}
+
+
 def test_resume_refuses_a_checkpoint_of_another_engine(tmp_path):
     cfg = config(tmp_path, policy="async")
     asynchronous = build_policy(cfg, ("h",) * 4)
     engine = cfg.engine_settings("r")
     with pytest.raises(CheckpointError, match="written by the collective engine"):
-        check_resumable({"engine": "collective"}, engine, asynchronous, tmp_path)
-    check_resumable({"engine": "async"}, engine, asynchronous, tmp_path)
+        check_resumable(resumable("collective"), cfg, engine, asynchronous)
+    check_resumable(resumable("async"), cfg, engine, asynchronous)
     static = config(tmp_path, engine="ps")
     with pytest.raises(CheckpointError, match="not by the ps engine"):
-        check_resumable({"engine": "collective"}, static.engine_settings("r"),
-                        build_policy(static, ("h",) * 4), tmp_path)  # fmt: skip
+        check_resumable(resumable("collective"), static, static.engine_settings("r"),
+                        build_policy(static, ("h",) * 4))  # fmt: skip
 
 
-def test_an_asynchronous_policy_on_the_collective_engine_is_refused(tmp_path):
-    cfg = config(tmp_path, policy="async", engine="collective")
+@pytest.mark.parametrize(
+    ("state", "error", "match"),
+    [
+        (resumable("collective", workers=3, live=3), CheckpointError, "holds 3 workers"),
+        (resumable("collective", live=1), CheckpointError, "fewer than the run's --min-workers 2"),
+        (resumable("collective", next_iteration=10), ConfigError, "already run 10 iterations"),
+    ],
+)
+def test_resume_refuses_a_state_the_run_cannot_continue(tmp_path, state, error, match):
+    """Another run's state (other N), too few workers left, or nothing left to run (a finished
+    run is not run again, its summary stays)."""
+    cfg = config(tmp_path, min_workers=2)  # 4 workers, 10 iterations
+    policy = build_policy(cfg, ("h",) * 4)
+    with pytest.raises(error, match=match):
+        check_resumable(state, cfg, cfg.engine_settings("r"), policy)
+    check_resumable(resumable("collective", live=2, next_iteration=9), cfg,
+                    cfg.engine_settings("r"), policy)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flag", [dict(engine="collective"), dict(salvage=True), dict(allreduce="ring")]
+)
+def test_an_asynchronous_policy_on_the_collective_engine_is_refused(tmp_path, flag):
+    cfg = config(tmp_path, policy="async", **flag)
     with pytest.raises(ConfigError, match="runs on --engine ps only"):
         variant(cfg.engine_settings("r"), build_policy(cfg, ("h",) * 4))
+
+
+def test_the_run_config_holds_absolute_paths(tmp_path, monkeypatch):
+    """A run resumed from another working directory uses the same trace store."""
+    monkeypatch.chdir(tmp_path)
+    written = TrainConfig(workers=2, iterations=3, policy="full", traces=Path("t"),
+                          out=Path("o")).to_json()  # fmt: skip
+    assert (written["traces"], written["out"]) == (str(tmp_path / "t"), str(tmp_path / "o"))
 
 
 def test_config_round_trips_through_the_run_dir(tmp_path):

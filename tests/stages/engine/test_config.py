@@ -51,9 +51,17 @@ def flag_or_default(option: click.Option):
 
 def test_engine_config_copies_every_field_of_the_same_name(tmp_path):
     stage = TrainConfig(workers=3, iterations=5, policy="full", traces=tmp_path, out=tmp_path,
-                        batch_size=12, micro_batches=3, engine="ps", salvage=True)  # fmt: skip
+                        batch_size=12, micro_batches=3, engine="collective", salvage=True)  # fmt: skip
     cfg = engine_config(stage, run_id="r", source="train", hosts=("h",) * 3)
-    assert (cfg.batch_size, cfg.micro_batches, cfg.engine, cfg.salvage) == (12, 3, "ps", True)
+    assert (cfg.batch_size, cfg.micro_batches, cfg.engine, cfg.salvage) == (12, 3, "collective",
+                                                                            True)  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", [dict(salvage=True), dict(allreduce="star")])
+def test_collective_only_flags_on_the_parameter_server_are_refused(flag):
+    """Not recorded in the run's config as if they had been used."""
+    with pytest.raises(ConfigError, match="apply to --engine collective only"):
+        EngineConfig(workers=2, iterations=1, run_id="r", source="train", engine="ps", **flag)
 
 
 def test_cuda_on_the_parameter_server_is_refused():
