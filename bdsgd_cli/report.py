@@ -19,7 +19,8 @@ from stages.report import ReportConfig, run_report
     "--out",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for the PNG plots and index.md (created if missing).",
+    help="Directory for the PNG plots and index.md: new (created), empty, or an earlier "
+    "report's (replaced; a directory holding other files is refused).",
 )
 @click.option(
     "--rolling-window",

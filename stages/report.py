@@ -13,14 +13,17 @@ every plot overlays all series, so runs of different policies compare on the sam
     prediction.png  predicted q10-q90 band of the iteration time vs the observed one
     decision_ms.png time to choose c, per policy
     index.md        every written plot with a caption, and the SPEC metrics of every run
+    report.json     the marker ``{"kind": "report", ...}``: this directory is a report's
 
 Every file is written under a temporary name and renamed into place; all run directories are read
-before anything is written, so a bad input leaves nothing behind.
+before anything is written, so a bad input leaves nothing behind. ``--out`` must be new, empty or
+an earlier report's (its marker says so): no file report did not write is overwritten.
 """
 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +37,12 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from schemas.run_dir import read_run_dir, write_atomic  # noqa: E402
+from schemas.run_dir import check_output_dir, read_run_dir, write_atomic  # noqa: E402
 from stages.errors import BdsgdError, ConfigError  # noqa: E402
 from stages.store import RunMatrix, read_trace_path, to_run_matrix  # noqa: E402
 
 INDEX = "index.md"
+MARKER = "report.json"  # written first, so a directory holding any report file holds it too
 PlotFn = Callable[[list["Series"]], "plt.Figure | None"]
 MAX_PANELS = 4  # heatmap, CDF and prediction panels drawn at most
 MAX_CDF_CURVES = 16  # above this many workers, CDFs are drawn per host
@@ -51,7 +55,7 @@ class ReportConfig:
     run_dirs: tuple[Path, ...]
     """Run directories written by ``bdsgd train --out`` or ``bdsgd simulate --out``."""
     out: Path
-    """Directory for the PNG files and ``index.md`` (created if missing)."""
+    """Directory for the PNG files and ``index.md``: new (created), empty or an earlier report's."""
     rolling_window: int = 20
     """Iterations in the rolling window of the throughput curve."""
     dpi: int = 100
@@ -512,19 +516,23 @@ def _save(fig: plt.Figure, path: Path, dpi: int) -> None:
     write_atomic(path, buf.getvalue())
 
 
-def _ensure_out(out: Path) -> None:
+def _ensure_out(out: Path, runs: list[Run]) -> None:
+    """Create ``out`` and claim it with the marker before any plot lands there."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BdsgdError(f"cannot create --out {out}: {exc.strerror}") from None
+    marker = {"kind": "report", "runs": [str(run.path) for run in runs]}
+    write_atomic(out / MARKER, json.dumps(marker, indent=2).encode())
 
 
 def run_report(config: ReportConfig) -> ReportResult:
     """Read every run directory, then draw each plot that applies and write ``index.md``."""
+    check_output_dir(config.out, MARKER, "report", f"{INDEX}, {MARKER} and PNG plots")
     warnings: list[str] = []
     runs = [load_run(p, warnings) for p in config.run_dirs]
     series = make_series(runs)
-    _ensure_out(config.out)
+    _ensure_out(config.out, runs)
     written: list[tuple[str, str]] = []
     for name, caption, draw in _plot_specs(config):
         fig = draw(series)

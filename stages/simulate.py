@@ -29,9 +29,7 @@ by iteration, which the replay cannot measure: before each sync iteration t the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from schemas.run_dir import ITERATIONS, SUMMARY, check_output_dir
 from stages.errors import ConfigError
 from stages.goodput import NoiseSchedule
 from stages.policies.base import Policy
@@ -480,7 +479,7 @@ def best_policies(metrics: dict[str, dict]) -> dict[str, str | None]:
 def run_simulate(config: SimulateConfig) -> dict:
     """Replay and compare; returns simulate's JSON summary (SPEC) and writes ``config.out``."""
     if config.out is not None:
-        check_writable_dir(config.out)  # before the work, not after it
+        check_output_dir(config.out, SUMMARY, "simulate", f"{SUMMARY} and {ITERATIONS}")
     run = load_run(config)
     t, n = run.runtimes.shape
     specs = list(config.policies) or default_policy_specs(n, config.checkpoint is not None)
@@ -504,31 +503,6 @@ def run_simulate(config: SimulateConfig) -> dict:
     if config.out is not None:
         write_simulation(config, summary, replays)
     return summary
-
-
-def check_writable_dir(out: Path) -> None:
-    """Raise ConfigError unless ``out`` is a directory this process can write, or can create:
-    its nearest existing ancestor is a writable directory; an existing one must be empty or
-    an earlier ``simulate --out`` (whose two files are replaced: nothing simulate did not write
-    is overwritten). Creates nothing."""
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"cannot write --out {out}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot write --out {out}: {existing} is not writable")
-    if existing == out and any(out.iterdir()) and not written_by_simulate(out):
-        raise ConfigError(
-            f"--out {out} is not empty and not an earlier simulate's output: pass a new or "
-            "empty directory (simulate writes summary.json and iterations.parquet there)"
-        )
-
-
-def written_by_simulate(out: Path) -> bool:
-    """Whether ``out`` holds an earlier ``simulate --out`` (its summary says so)."""
-    try:
-        return json.loads((out / "summary.json").read_text()).get("kind") == "simulate"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def write_simulation(config: SimulateConfig, summary: dict, replays: list[PolicyRun]) -> None:

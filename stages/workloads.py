@@ -104,10 +104,30 @@ def load_workload(spec: str, seed: int = 0) -> Workload:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load workload {spec!r}: {exc}") from None
-    workload = factory(seed=seed)
+    if not callable(factory):
+        raise ConfigError(
+            f"cannot load workload {spec!r}: {spec.replace(':', '.')} is a "
+            f"{type(factory).__name__}, not a function"
+        )
+    return build_workload(spec, factory, seed)
+
+
+def build_workload(spec: str, factory: Callable[..., object], seed: int) -> Workload:
+    """Call a user's factory. Its errors are the user's to fix, so they come back as one line
+    naming the workload (a traceback into our loader would point at the wrong code)."""
+    try:
+        workload = factory(seed=seed)
+    except Exception as exc:  # noqa: BLE001 (any error of the user's code)
+        raise ConfigError(f"workload {spec!r} failed: {error_line(exc)}") from None
     if not isinstance(workload, Workload):
         raise ConfigError(f"workload {spec!r} returned {type(workload).__name__}, not a Workload")
     return workload
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, as the workers report a workload's errors."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def transformer(

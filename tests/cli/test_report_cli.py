@@ -52,3 +52,22 @@ def test_report_on_non_run_dir_exits_nonzero_with_one_line(tmp_path):
 def test_report_needs_a_run_dir_and_out(tmp_path):
     assert CliRunner().invoke(cli, ["report", "--out", str(tmp_path)]).exit_code != 0
     assert CliRunner().invoke(cli, ["report", str(tmp_path)]).exit_code != 0
+
+
+def test_report_refuses_a_foreign_out_in_one_line_and_rewrites_its_own(tmp_path):
+    run = _run_dir(tmp_path / "run")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.md").write_text("# my notes\n")
+    (mine / "other.txt").write_text("keep me\n")
+    result = CliRunner().invoke(cli, ["report", str(run), "--out", str(mine)])
+    assert result.exit_code != 0
+    assert result.stderr.startswith("error:") and result.stderr.count("\n") == 1
+    assert "not empty" in result.stderr and "Traceback" not in result.output
+    assert (mine / "index.md").read_text() == "# my notes\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["index.md", "other.txt"]
+
+    out = tmp_path / "report"
+    for _ in range(2):  # the second run rewrites the first one's directory
+        result = CliRunner().invoke(cli, ["report", str(run), "--out", str(out)])
+        assert result.exit_code == 0, result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -214,3 +215,44 @@ def test_runs_written_before_the_noise_columns_still_report(simulate_dir, tmp_pa
     result = run_report(ReportConfig(run_dirs=(simulate_dir,), out=tmp_path / "r"))
     assert "noise_scale.png" not in {p.name for p in result.plots}
     assert "| goodput |" not in result.index.read_text()
+
+
+def _foreign_dir(path: Path) -> dict[str, bytes]:
+    """A user's directory holding files with report's names; returns what they hold."""
+    path.mkdir()
+    files = {"index.md": b"# my notes\n", "other.txt": b"keep me\n", "cutoff.png": b"mine"}
+    for name, data in files.items():
+        (path / name).write_bytes(data)
+    return files
+
+
+def test_non_empty_out_not_written_by_report_is_refused_untouched(simulate_dir, tmp_path):
+    out = tmp_path / "mine"
+    files = _foreign_dir(out)
+    with pytest.raises(ConfigError, match="not empty and not an earlier report") as info:
+        run_report(ReportConfig(run_dirs=(simulate_dir,), out=out))
+    assert "\n" not in str(info.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files  # nothing added or replaced
+
+
+def test_out_is_checked_before_the_run_dirs_are_read(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _foreign_dir(tmp_path / "mine")
+    with pytest.raises(ConfigError, match="--out"):  # not the run directory's error
+        run_report(ReportConfig(run_dirs=(tmp_path / "empty",), out=tmp_path / "mine"))
+
+
+def test_an_earlier_reports_out_is_rewritten(train_dir, simulate_dir, tmp_path):
+    out = tmp_path / "report"
+    run_report(ReportConfig(run_dirs=(simulate_dir,), out=out))
+    assert json.loads((out / "report.json").read_text())["kind"] == "report"
+    result = run_report(ReportConfig(run_dirs=(train_dir, simulate_dir), out=out))
+    assert "loss.png" in {p.name for p in result.plots}  # the second report's plots
+    assert "`train-run`" in result.index.read_text()
+    assert not list(out.glob(".tmp-*"))
+
+
+def test_an_empty_out_is_used(simulate_dir, tmp_path):
+    (tmp_path / "r").mkdir()
+    result = run_report(ReportConfig(run_dirs=(simulate_dir,), out=tmp_path / "r"))
+    assert result.index.is_file() and (tmp_path / "r" / "report.json").is_file()
