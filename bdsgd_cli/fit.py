@@ -16,7 +16,8 @@ from bdsgd_cli.common import emit_json, run_stage
     "--checkpoint",
     required=True,
     type=click.Path(dir_okay=False),
-    help="Where to write the fitted model (one file, written atomically).",
+    help="Where to write the fitted model (one file, written atomically): a new path, or an "
+    "earlier bdsgd checkpoint, which it replaces; never inside --traces.",
 )
 @click.option("--steps", type=int, default=2000, show_default=True, help="SVI steps.")
 @options.seed

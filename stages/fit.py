@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from stages.console import console
 from stages.errors import ConfigError, TraceError
 from stages.model.checkpoint import (
+    MAX_WIDTH,
     Checkpoint,
     Vocab,
     check_writable,
@@ -97,7 +98,9 @@ class FitConfig:
             "batch must be >= 1": self.batch >= 1,
             "lr must be > 0": self.lr > 0,
             "holdout must be in [0, 0.9]": 0.0 <= self.holdout <= 0.9,
-            "z_dim and hidden must be >= 1": self.z_dim >= 1 and self.hidden >= 1,
+            f"z_dim and hidden must be in 1..{MAX_WIDTH}": all(
+                1 <= size <= MAX_WIDTH for size in (self.z_dim, self.hidden)
+            ),
             "unknown_p must be in [0, 1)": 0.0 <= self.unknown_p < 1.0,
             "eval_samples must be >= 1": self.eval_samples >= 1,
             "threads must be >= 1": self.threads >= 1,
@@ -135,20 +138,35 @@ class FitResult:
 def run_fit(config: FitConfig) -> FitResult:
     """Train, evaluate on the held-out tails, save the checkpoint; see the module docstring."""
     began = time.perf_counter()
+    check_output(config.checkpoint, config.traces)
+    prior = load_checkpoint(config.init) if config.init is not None else None
     runs = _load_runs(config.traces, config.skip_bad_files)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _fit(config, runs, began)
+        return _fit(config, runs, prior, began)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(config: FitConfig, runs: list[RunMatrix], began: float) -> FitResult:
+def check_output(checkpoint: Path, traces: Path) -> None:
+    """Refuse, before any work, a checkpoint path inside the trace store (its trace files are
+    bdsgd's to read, never to replace, and a checkpoint there is not a trace file) or one that
+    holds a file other than an earlier checkpoint (:func:`check_writable`)."""
+    store, target = Path(traces).resolve(), Path(checkpoint).resolve()
+    if store == target or store in target.parents:
+        raise ConfigError(
+            f"fit: --checkpoint {checkpoint} is inside the trace store {traces}: pass a path "
+            "outside it"
+        )
+    check_writable(checkpoint)
+
+
+def _fit(
+    config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None, began: float
+) -> FitResult:
     pyro.set_rng_seed(config.seed)
     pyro.clear_param_store()
-    prior = load_checkpoint(config.init) if config.init is not None else None
-    check_writable(config.checkpoint)
     train_runs = [_head(r, split(r.shape[0], config.holdout)) for r in runs]
     model, norm, vocab = _setup_model(config, train_runs, prior)
     rng = np.random.default_rng(config.seed)

@@ -7,17 +7,25 @@ latest run's worker set, by position = worker id), ``fit_config``, ``summary`` (
 val_nll, baseline_nll, calibration, traces, workers) and ``common`` ([shift, sd, widen,
 tighten]: the shared log-slowdown the recalibration adds, its factor on each worker's spread and
 its factor on the draws' spread of locations; absent in older files: none; older three-number
-ones: tighten 1). Writes are atomic: a temporary name, then os.replace.
+ones: tighten 1). Writes are atomic: a temporary name, then os.replace; a write replaces only an
+earlier checkpoint (:func:`check_writable`), never a file bdsgd did not write.
+
+A file is checked before the model is built from it: network sizes within :data:`SIZE_LIMITS`,
+every tensor of the shape those sizes give and finite, the normalisation and the recalibration
+usable. A crafted file is one "malformed checkpoint" line, not a traceback, a huge allocation or
+a predictor that silently draws NaN.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from schemas.trace_v1 import MAX_WORLD_SIZE
 from stages.errors import CheckpointError
 from stages.model.data import Normaliser
 from stages.model.runtime_model import ModelConfig, RuntimeModel
@@ -26,6 +34,22 @@ from stages.safe_load import first_line, load_plain, save_atomic
 FORMAT = "bdsgd-runtime-model"
 VERSION = 4
 NO_RECALIBRATION = (0.0, 0.0, 1.0, 1.0)  # common: shift, sd, widen, tighten
+REQUIRED_KEYS = frozenset({"format", "version", "model_config", "state_dict", "norm"})
+"""What every checkpoint bdsgd has written holds, whatever its version."""
+MAX_WIDTH = 4096
+"""Largest latent, hidden, embedding or phi size a checkpoint may give (fit's are 8-64)."""
+SIZE_LIMITS = {
+    "num_workers": (0, MAX_WORLD_SIZE),  # worker ids are 0..world_size - 1 (schemas.trace_v1)
+    "num_hosts": (0, MAX_WORLD_SIZE),
+    "z_dim": (1, MAX_WIDTH),
+    "hidden": (1, MAX_WIDTH),
+    "emb_dim": (1, MAX_WIDTH),
+    "phi_dim": (1, MAX_WIDTH),
+}
+MAX_ABS_LOC = 100.0
+"""Largest |mean log run-time| (log seconds) a checkpoint's normalisation may hold."""
+SCALE_RANGE = (1e-6, 100.0)
+"""Its spread of log run-times (fit floors it at 1e-3): outside, y or x over- or underflows."""
 
 
 @dataclass(frozen=True)
@@ -93,42 +117,106 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
 
 
 def check_writable(path: str | os.PathLike) -> None:
-    """Fail before a long fit, not after it, if ``path`` cannot be written."""
-    parent = Path(path).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(f"cannot create {parent}: {exc.strerror or exc}") from None
-    if not os.access(parent, os.W_OK) or Path(path).is_dir():
+    """Fail before a long fit, not after it, if ``path`` cannot be written or holds a file bdsgd
+    did not write: an earlier checkpoint may be replaced (fitting again is normal), anything else
+    never is. Creates nothing: a missing parent folder is made when the file is written, so a fit
+    that fails leaves none behind."""
+    path = Path(path)
+    existing = next(p for p in path.parents if p.exists())  # the nearest existing ancestor
+    if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise CheckpointError(f"cannot write checkpoint {path}")
+    if path.exists() and not is_checkpoint(path):
+        raise CheckpointError(
+            f"{path} exists and is not a bdsgd checkpoint: bdsgd replaces only a checkpoint it "
+            "wrote; pass a new path"
+        )
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds a run-time model checkpoint of any version, read as data only."""
+    try:
+        payload = load_plain(path, "checkpoint")
+    except CheckpointError:
+        return False
+    return payload.get("format") == FORMAT and REQUIRED_KEYS <= payload.keys()
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and check a checkpoint; any problem is one CheckpointError line."""
     payload = _read_payload(Path(path))
     try:
-        model = RuntimeModel(ModelConfig(**payload["model_config"]))
+        cfg = _model_config(payload["model_config"])
+        _check_weights(cfg, payload["state_dict"])
+        model = RuntimeModel(cfg)
         model.load_state_dict(payload["state_dict"])
-        norm = Normaliser(float(payload["norm"]["loc"]), float(payload["norm"]["scale"]))
         vocab = Vocab(
             tuple(int(w) for w in payload["worker_ids"]),
             tuple(str(h) for h in payload["host_names"]),
             {int(k): str(v) for k, v in payload["worker_hosts"].items()},
         )
-        default_hosts = tuple(str(h) for h in payload["default_hosts"])
-        saved = [float(v) for v in payload.get("common", ())]
-        shift, sd, widen, tighten = (*saved, *NO_RECALIBRATION[len(saved) :])[:4]
+        if (len(vocab.worker_ids), len(vocab.host_names)) != (cfg.num_workers, cfg.num_hosts):
+            raise ValueError("worker_ids and host_names do not match model_config's sizes")
         return Checkpoint(
             model,
-            norm,
+            _normaliser(payload["norm"]),
             vocab,
-            default_hosts,
+            tuple(str(h) for h in payload["default_hosts"]),
             payload["fit_config"],
             payload["summary"],
-            (shift, sd, widen, tighten),
+            _common(payload.get("common", ())),
         )
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
         raise CheckpointError(f"{path}: malformed checkpoint ({first_line(exc)})") from None
+
+
+def _model_config(values: dict) -> ModelConfig:
+    """The network sizes, each an integer within :data:`SIZE_LIMITS`."""
+    cfg = ModelConfig(**values)
+    for name, (low, high) in SIZE_LIMITS.items():
+        size = getattr(cfg, name)
+        if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:
+            raise ValueError(f"model_config {name} {size!r} is not an integer in {low}..{high}")
+    return cfg
+
+
+def _check_weights(cfg: ModelConfig, state: dict) -> None:
+    """Every saved tensor has the shape ``cfg`` gives it and finite values. The shapes come from
+    a model on the ``meta`` device (no storage), so sizes the file does not back are refused
+    before the real model is allocated; missing or extra names are load_state_dict's to report."""
+    with torch.device("meta"):
+        expected = RuntimeModel(cfg).state_dict()
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"state_dict {name} is not a tensor")
+        if name in expected and value.shape != expected[name].shape:
+            raise ValueError(
+                f"state_dict {name} has shape {list(value.shape)}, model_config gives "
+                f"{list(expected[name].shape)}"
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"state_dict {name} holds NaN or infinite values")
+
+
+def _normaliser(norm: dict) -> Normaliser:
+    """The normalisation, with a finite loc and a scale in :data:`SCALE_RANGE` (a zero,
+    negative or NaN one would divide by zero or draw NaN run-times)."""
+    loc, scale = float(norm["loc"]), float(norm["scale"])
+    if not abs(loc) <= MAX_ABS_LOC:
+        raise ValueError(f"norm loc {loc} is not a finite number within +-{MAX_ABS_LOC:g}")
+    low, high = SCALE_RANGE
+    if not low <= scale <= high:
+        raise ValueError(f"norm scale {scale} is not in {low:g}..{high:g}")
+    return Normaliser(loc, scale)
+
+
+def _common(saved) -> tuple[float, float, float, float]:
+    """The recalibration (shift, sd, widen, tighten), padded as older files need: finite, the
+    spread at least 0 and the two factors above 0."""
+    values = [float(v) for v in saved]
+    shift, sd, widen, tighten = (*values, *NO_RECALIBRATION[len(values) :])[:4]
+    if not all(map(math.isfinite, values)) or sd < 0 or widen <= 0 or tighten <= 0:
+        raise ValueError(f"common {values} is not a usable recalibration")
+    return shift, sd, widen, tighten
 
 
 def _read_payload(path: Path) -> dict:

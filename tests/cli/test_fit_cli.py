@@ -126,3 +126,58 @@ def test_a_bad_file_in_the_store_is_named_and_skip_bad_files_leaves_it_out(tmp_p
     assert "skipping a bad trace file" in skipped.stderr and bad.name in skipped.stderr
     assert (tmp_path / "m.pt").is_file()
     assert bad.read_bytes() == b"PAR1 and then nothing"  # never modified
+
+
+def _one_line_error(result, text: str) -> None:
+    assert result.exit_code != 0 and result.stderr.startswith("error:"), result.stderr
+    assert result.stderr.strip().count("\n") == 0 and text in result.stderr
+
+
+def test_an_existing_file_that_is_not_a_checkpoint_is_never_overwritten(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my notes")
+    result = _invoke("--traces", str(store.path), "--checkpoint", str(precious), *FAST)
+    _one_line_error(result, "is not a bdsgd checkpoint")
+    assert precious.read_text() == "my notes"
+
+
+def test_a_checkpoint_inside_the_trace_store_is_refused_and_the_store_stays_readable(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    part = sorted(store.path.glob("*.parquet"))[0]
+    before, rows = part.read_bytes(), store.read().height
+    result = _invoke("--traces", str(store.path), "--checkpoint", str(part), *FAST)
+    _one_line_error(result, "inside the trace store")
+    assert part.read_bytes() == before and store.read().height == rows
+
+
+def test_fitting_again_over_an_earlier_checkpoint_replaces_it(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    ckpt = tmp_path / "model.pt"
+    for seed in ("1", "2"):
+        result = _invoke(
+            "--traces", str(store.path), "--checkpoint", str(ckpt), *FAST, "--seed", seed
+        )
+        assert result.exit_code == 0, result.stderr
+    assert torch.load(ckpt, weights_only=True)["fit_config"]["seed"] == 2
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_a_crafted_init_checkpoint_is_a_one_line_error(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    first = tmp_path / "a.pt"
+    assert _invoke("--traces", str(store.path), "--checkpoint", str(first), *FAST).exit_code == 0
+    payload = torch.load(first, weights_only=True)
+    payload["norm"]["scale"] = -1.0
+    torch.save(payload, tmp_path / "bad.pt")
+    out = tmp_path / "b.pt"
+    args = [
+        "--traces",
+        str(store.path),
+        "--checkpoint",
+        str(out),
+        "--init",
+        str(tmp_path / "bad.pt"),
+    ]
+    _one_line_error(_invoke(*args, *FAST), "malformed checkpoint (norm scale -1.0")
+    assert not out.exists()

@@ -148,3 +148,54 @@ def test_a_store_of_asynchronous_runs_only_is_a_trace_error(tmp_path):
     TraceStore(tmp_path / "traces").append(matrix_rows(run, policy="adasync", source="train"))
     with pytest.raises(TraceError, match="no synchronous run"):
         run_fit(_config(tmp_path))
+
+
+def test_an_existing_file_that_is_not_a_checkpoint_is_refused_and_kept(tmp_path):
+    _store(tmp_path / "traces")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my notes")
+    with pytest.raises(CheckpointError, match="not a bdsgd checkpoint"):
+        run_fit(_config(tmp_path, checkpoint=precious))
+    assert precious.read_text() == "my notes"
+
+
+def test_a_checkpoint_inside_the_trace_store_is_refused_and_the_store_kept(tmp_path):
+    store = _store(tmp_path / "traces")
+    part = sorted(store.path.glob("*.parquet"))[0]
+    before = part.read_bytes()
+    for target in (part, store.path / "m.pt", store.path / "sub" / "m.pt"):
+        with pytest.raises(ConfigError, match="inside the trace store"):
+            run_fit(_config(tmp_path, checkpoint=target))
+    assert part.read_bytes() == before
+    assert all(p.suffix == ".parquet" for p in store.path.iterdir())  # nothing added either
+
+
+def test_fitting_again_replaces_the_earlier_checkpoint(tmp_path):
+    _store(tmp_path / "traces")
+    first = run_fit(_config(tmp_path, seed=1))
+    second = run_fit(_config(tmp_path, seed=2))
+    assert first.checkpoint == second.checkpoint
+    assert load_checkpoint(second.checkpoint).fit_config["seed"] == 2
+
+
+def test_a_failed_fit_leaves_no_new_folder(tmp_path, monkeypatch):
+    _store(tmp_path / "traces")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("stages.fit.train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_fit(_config(tmp_path, checkpoint=tmp_path / "new" / "sub" / "m.pt"))
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_crafted_init_checkpoint_is_refused_before_the_traces_are_read(tmp_path):
+    _store(tmp_path / "traces")
+    good = run_fit(_config(tmp_path, checkpoint=tmp_path / "a.pt")).checkpoint
+    payload = torch.load(good, weights_only=True)
+    payload["norm"]["scale"] = 0.0
+    torch.save(payload, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match="malformed checkpoint .*norm scale 0.0"):
+        run_fit(_config(tmp_path, init=tmp_path / "bad.pt", traces=tmp_path / "nowhere"))
+    assert not (tmp_path / "m.pt").exists()

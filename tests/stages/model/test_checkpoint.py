@@ -1,6 +1,9 @@
-"""Checkpoint files: round trip, plain weights_only loading, bad files, growing vocabularies."""
+"""Checkpoint files: round trip, plain weights_only loading, bad and crafted files, growing
+vocabularies, never replacing a file bdsgd did not write."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from stages.model.checkpoint import (
     VERSION,
     Checkpoint,
     Vocab,
+    check_writable,
     grown_state_dict,
     load_checkpoint,
     save_checkpoint,
@@ -116,3 +120,81 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="objects other than tensors"):
         load_checkpoint(path)
     assert "code ran" not in capsys.readouterr().out
+
+
+def _crafted(tmp_path, edit) -> Path:
+    """A checkpoint file whose payload ``edit`` has changed in place."""
+    path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
+    payload = torch.load(path, weights_only=True)
+    edit(payload)
+    torch.save(payload, path)
+    return path
+
+
+def _set(*keys, value):
+    def edit(payload):
+        target = payload
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+
+    return edit
+
+
+CRAFTED = {
+    "zero scale": (_set("norm", "scale", value=0.0), "norm scale 0.0"),
+    "negative scale": (_set("norm", "scale", value=-1.0), "norm scale -1.0"),
+    "nan scale": (_set("norm", "scale", value=float("nan")), "norm scale nan"),
+    "nan loc": (_set("norm", "loc", value=float("nan")), "norm loc nan"),
+    "infinite loc": (_set("norm", "loc", value=float("inf")), "norm loc inf"),
+    "nan weights": (
+        _set("state_dict", "combiner.to_loc.weight", value=torch.full((4, 16), float("nan"))),
+        "combiner.to_loc.weight holds NaN",
+    ),
+    "absurd workers": (_set("model_config", "num_workers", value=10**9), "num_workers 1000000000"),
+    "absurd hidden": (_set("model_config", "hidden", value=10**6), "hidden 1000000"),
+    "float size": (_set("model_config", "z_dim", value=4.5), "z_dim 4.5"),
+    "sizes the weights do not back": (
+        _set("model_config", "num_workers", value=2**20),
+        r"worker_emb.weight has shape \[5, 16\]",
+    ),
+    "vocabulary beyond the embedding": (
+        _set("worker_ids", value=[0, 1, 2, 3, 4, 5]),
+        "worker_ids and host_names do not match",
+    ),
+    "nan recalibration": (_set("common", value=[float("nan"), 0.0, 1.0, 1.0]), "common"),
+    "negative widening": (_set("common", value=[0.0, 0.0, -1.0, 1.0]), "common"),
+}
+
+
+@pytest.mark.parametrize("edit, reason", CRAFTED.values(), ids=CRAFTED.keys())
+def test_a_crafted_checkpoint_is_one_malformed_line_naming_the_problem(tmp_path, edit, reason):
+    path = _crafted(tmp_path, edit)
+    with pytest.raises(CheckpointError, match=f"malformed checkpoint .*{reason}") as info:
+        load_checkpoint(path)
+    assert "\n" not in str(info.value)
+
+
+def test_an_existing_non_checkpoint_file_is_never_replaced(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my notes")
+    with pytest.raises(CheckpointError, match="exists and is not a bdsgd checkpoint"):
+        check_writable(precious)
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")  # readable, not ours
+    with pytest.raises(CheckpointError, match="not a bdsgd checkpoint"):
+        check_writable(tmp_path / "other.pt")
+    assert precious.read_text() == "my notes"
+
+
+def test_an_earlier_checkpoint_of_any_version_may_be_replaced(tmp_path):
+    check_writable(save_checkpoint(tmp_path / "m.pt", _checkpoint()))
+    older = _crafted(tmp_path, _set("version", value=1))
+    check_writable(older)
+
+
+def test_checking_creates_no_folder(tmp_path):
+    check_writable(tmp_path / "new" / "sub" / "m.pt")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot write checkpoint"):
+        check_writable(tmp_path / "file" / "m.pt")
