@@ -105,9 +105,13 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
             bar.update(task, completed=t + 1, status=f"iteration {row['iteration_s'] * 1e3:.1f} ms")
 
         result = run_engine(engine, make_policy("full", cfg.workers), cfg.traces, on_iteration)
+    if result.interrupted and not result.rows_written:
+        raise KeyboardInterrupt  # (before its first row: nothing to summarise)
     per_worker = worker_summary(store, run_id)
     console.print(worker_table(per_worker, run_id))
     console.print(f"{result.rows_written} rows of run [bold]{run_id}[/] appended to {cfg.traces}")
+    if result.interrupted:
+        raise KeyboardInterrupt
     return ProfileResult(run_id, result.rows_written, cfg.traces, per_worker)
 
 

@@ -181,9 +181,9 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     try:
         TraceStore(cfg.traces).check_writable()
         return train_in(cfg, engine_cfg, policy, state)
-    except BdsgdError:
+    except (BdsgdError, KeyboardInterrupt):
         if undo and not (cfg.out / STATE_FILE).exists():
-            undo()  # rejected before its first checkpoint: no run dir is left behind
+            undo()  # rejected or interrupted before its first iteration: no run dir is left
         raise
 
 
@@ -198,7 +198,10 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
                 policy, cfg.traces, run_id, state["next_iteration"]
             )
     stop = StopRule(cfg, state["log"] if state else None)
+    ran_before = len(state["log"].get("iteration", [])) if state else 0
     result = run_with_live_view(cfg, engine_cfg, policy, state, stop)
+    if result.interrupted and len(result.log.get("iteration", [])) == ran_before:
+        raise KeyboardInterrupt  # during start-up: no iteration ran, the run dir stays as it was
     summary = summarize(cfg, run_id, result, stop.reason)
     if (checked := self_check_report(policy)) is not None:  # bdsgd: did it lean on a peer?
         summary["self_check"] = checked

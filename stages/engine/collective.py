@@ -523,16 +523,25 @@ class Coordinator(SyncEngine):
         def left() -> float:
             return max(deadline - time.monotonic(), 0.01)
 
-        if P.wait_key(self.store, replica_key("final"), left()):
+        # (no generation was announced: stopped during start-up, no replica holds a state)
+        if self.generation >= 0 and self.wait_published(replica_key("final"), left):
             blob = self.store.get(replica_key("final"))
             self.replica = (int(load_replica_state(blob)["steps"]), blob)
         self.collect_evals(min(1.0, left()))
         for w in map(int, np.flatnonzero(self.live)):
-            if P.wait_key(self.store, digest_key(w), left()):
+            if self.wait_published(digest_key(w), left):
                 self.digests[w] = self.store.get(digest_key(w)).decode()
             if self.store.check([lag_key(w)]):
                 blob = self.store.get(lag_key(w)).decode()
                 self.lags_ms += [float(v) for v in blob.split(",") if v]
+
+    def wait_published(self, key: str, left) -> bool:
+        """Whether ``key`` appears before ``left()`` runs out, or every worker process is gone
+        (a Ctrl-C during start-up can end them before they publish anything)."""
+        while not P.wait_key(self.store, key, min(0.1, left())):
+            if left() <= 0.01 or not any(map(self.alive, range(self.cfg.workers))):
+                return self.store.check([key])
+        return True
 
     def final_loss(self) -> float | None:
         if self.store.check([eval_key("final")]):

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from stages.engine import async_protocol as A
 from stages.engine import protocol as P
+from stages.engine import spawned
 from stages.engine.async_server import AsyncServer
 from stages.engine.async_worker import async_worker_main
 from stages.engine.base import Engine, StopRun
@@ -99,14 +101,15 @@ def run_engine(
     engine = engine_class(cfg, store, workload, policy, writer, alive=lambda w: True)
     if resume:
         engine.load_state(resume)
-    procs = [] if tr else spawn_workers(cfg, store.port, worker_main)
-    if procs:  # torchrun: timeouts tell
-        engine.alive = lambda w: procs[w].is_alive()
+    procs: list[mp.Process] = []
     interrupted = False
     ckpt = None if run_dir is None else Checkpointer(run_dir, resume_segments(resume))
     # after a stop, what the workers run anyway is recorded, its rows shown, not judged again
     announced = _with_checkpoints(engine, _stop_ignored(on_iteration), ckpt)
     try:
+        if not tr:  # (torchrun: timeouts tell)
+            engine.alive = lambda w: w < len(procs) and procs[w].is_alive()
+            spawn_workers(cfg, store.port, worker_main, procs)
         engine.run(start, _with_checkpoints(engine, on_iteration, ckpt))
         engine.run_announced(announced)
     except KeyboardInterrupt:
@@ -132,15 +135,18 @@ def run_engine(
     )
 
 
-def spawn_workers(cfg: EngineConfig, port: int, main) -> list[mp.Process]:
+def spawn_workers(cfg: EngineConfig, port: int, main, procs: list[mp.Process]) -> None:
+    """Start the workers (into ``procs``, so a Ctrl-C midway leaves every started one to reap),
+    each through :func:`stages.engine.spawned.run`, which ignores SIGINT before it imports
+    ``main``'s module."""
     ctx = mp.get_context("spawn")
-    procs = []
+    target = f"{main.__module__}:{main.__qualname__}"
     for w in range(cfg.workers):
-        spec = WorkerSpec(w + 1, cfg.host, port, cfg.host, cfg, local_rank=w)
-        proc = ctx.Process(target=main, args=(spec,), name=f"bdsgd-worker-{w}", daemon=True)
+        spec = pickle.dumps(WorkerSpec(w + 1, cfg.host, port, cfg.host, cfg, local_rank=w))
+        proc = ctx.Process(target=spawned.run, args=(target, spec), name=f"bdsgd-worker-{w}",
+                           daemon=True)  # fmt: skip
         proc.start()
         procs.append(proc)
-    return procs
 
 
 @dataclass(frozen=True)

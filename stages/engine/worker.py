@@ -252,7 +252,7 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     (quietly: the engine says why). An error of the workload's own code (its model failing, a
     GPU out of memory) is one line on stderr before it exits: the engine only sees a dead
     worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (already, when spawned: stages.engine.spawned)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
     try:

@@ -1,0 +1,20 @@
+"""The first code a spawned worker process runs. Ctrl-C is the engine's (a worker ends when the
+engine tells it to), but a Ctrl-C at the terminal reaches the whole process group: while a worker
+was still importing torch, before :func:`stages.engine.worker.worker_entry` could ignore SIGINT,
+each printed a KeyboardInterrupt traceback. So SIGINT is ignored here first, and only then is the
+worker's module imported. This module imports the standard library alone, and the worker's spec
+comes pickled (unpickling it imports the engine)."""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import signal
+
+
+def run(target: str, spec: bytes) -> None:
+    """Ignore SIGINT, then call ``module:function`` ``target`` with the unpickled ``spec``
+    (pickled by the engine that spawned this process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    module, _, name = target.partition(":")
+    getattr(importlib.import_module(module), name)(pickle.loads(spec))
