@@ -18,7 +18,7 @@ from stages.capacity import check_capacity
 from stages.console import console, progress
 from stages.engine.config import engine_config
 from stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
-from stages.errors import ConfigError
+from stages.errors import BdsgdError, ConfigError
 from stages.policies.registry import make_policy
 from stages.store import TraceStore, new_run_id
 from stages.stragglers import parse_stragglers
@@ -97,7 +97,16 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     if tr and tr.rank > 0:
         return run_torchrun_worker(engine, tr)
     store = TraceStore(cfg.traces)
-    store.check_writable()
+    undo_store = store.check_writable()
+    try:
+        return profile_into(cfg, engine, store, run_id)
+    except (BdsgdError, KeyboardInterrupt):
+        undo_store()  # a run that failed before its first row leaves no empty store behind
+        raise
+
+
+def profile_into(cfg: ProfileConfig, engine, store: TraceStore, run_id: str) -> ProfileResult:
+    """The profile run itself, its rows appended to ``store``."""
     with progress() as bar:
         task = bar.add_task(f"profile {cfg.workers} workers", total=cfg.iterations, status="")
 

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,9 +93,20 @@ class TraceStore:
         if not os.access(self.path, os.W_OK):
             raise TraceError(f"trace store {self.path} is not writable")
 
-    def check_writable(self) -> None:
-        """Fail early, before any work, if appending would fail."""
+    def check_writable(self) -> Callable[[], None]:
+        """Fail early, before any work, if appending would fail. Returns what removes the
+        directories this made, while they are still empty (a run that fails before its first
+        row leaves no empty store behind)."""
+        created = [p for p in (self.path, *self.path.parents) if not p.exists()]  # deepest first
         self._ensure_dir()
+
+        def undo() -> None:
+            for path in created:
+                if not path.is_dir() or any(path.iterdir()):
+                    return
+                path.rmdir()
+
+        return undo
 
     # -- reading ---------------------------------------------------------------------------
     def files(self) -> list[Path]:

@@ -178,12 +178,15 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     if state:
         check_resumable(state, cfg, engine_cfg, policy)
     undo = prepare_run_dir(cfg) if not resume else None
+    undo_store = None
     try:
-        TraceStore(cfg.traces).check_writable()
+        undo_store = TraceStore(cfg.traces).check_writable()
         return train_in(cfg, engine_cfg, policy, state)
     except (BdsgdError, KeyboardInterrupt):
         if undo and not (cfg.out / STATE_FILE).exists():
             undo()  # rejected or interrupted before its first iteration: no run dir is left
+        if undo_store:
+            undo_store()  # (nor an empty trace store)
         raise
 
 

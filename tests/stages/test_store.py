@@ -298,3 +298,18 @@ def test_a_sparse_but_small_run_is_still_read(trace_rows):
     rows["iteration"] = [0, 0, 5000, 5000]  # a gap: rows lost in a crash, say
     run = to_run_matrix(pl.from_arrow(to_table(rows)))
     assert run.shape == (5001, 2) and run.present.sum() == 4
+
+
+def test_check_writable_undoes_only_the_empty_directories_it_made(tmp_path, trace_rows):
+    """A run that fails before its first row leaves no empty trace store; one with rows (or a
+    store that was there) stays."""
+    undo = TraceStore(tmp_path / "new" / "traces").check_writable()
+    assert (tmp_path / "new" / "traces").is_dir()
+    undo()
+    assert not (tmp_path / "new").exists()
+    store = TraceStore(tmp_path / "kept")
+    undo = store.check_writable()
+    store.append(trace_rows(run_id="a"))
+    undo()
+    assert store.read().height > 0
+    assert TraceStore(tmp_path).check_writable()() is None and tmp_path.is_dir()
