@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 # c10d logs a warning for every store wait that times out, and the engine's early-ending delays
 # time out by design; this must be set before torch is imported.
@@ -23,8 +24,32 @@ COMMANDS = {
 }
 
 
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # (click >= 8.2)
+
+
 class LazyGroup(click.Group):
-    """A group whose commands live in their own modules, imported on first use."""
+    """A group whose commands live in their own modules, imported on first use. A usage error
+    (an unknown flag, a bad value click checks) is one line, as every other error is."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except NO_ARGS_IS_HELP as exc:  # plain ``bdsgd``: the help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            click.echo(f"error: {exc.format_message()}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name in COMMANDS if _available(name)]
