@@ -83,19 +83,22 @@ def check_output_dir(out: Path, marker: str, kind: str, writes: str) -> None:
         raise ConfigError(f"cannot write --out {out}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write --out {out}: {existing} is not writable")
-    if existing == out and any(out.iterdir()) and not written_as(out / marker, kind):
+    if existing == out and any(out.iterdir()) and not written_as(out / marker, kind, out):
         raise ConfigError(
             f"--out {out} is not empty and not an earlier {kind}'s output: pass a new or empty "
             f"directory ({kind} writes {writes} there)"
         )
 
 
-def written_as(marker: Path, kind: str) -> bool:
-    """Whether the JSON file ``marker`` says its directory is a ``kind`` output."""
+def written_as(marker: Path, kind: str, out: Path) -> bool:
+    """Whether the JSON file ``marker`` says its directory is a ``kind`` output, or the run
+    directory files alone are there (a run directory whose writing was interrupted before its
+    summary, the marker, landed)."""
     try:
         return json.loads(marker.read_text()).get("kind") == kind
     except (OSError, ValueError, AttributeError):
-        return False
+        names = {p.name for p in out.iterdir() if not p.name.startswith(".tmp-")}
+        return marker.name == SUMMARY and names <= {ITERATIONS}
 
 
 def read_run_dir(path: Path) -> tuple[dict, pa.Table]:

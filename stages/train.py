@@ -137,9 +137,12 @@ class TrainConfig:
             raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
         if self.stop_at_target and self.target_loss is None:
             raise ConfigError("--stop-at-target needs --target-loss")
-        for flag, value in (("--overhead-s", self.overhead_s), ("--target-loss", self.target_loss)):
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{flag} must be a finite number >= 0, got {value}")
+        if self.overhead_s is not None and not (
+            math.isfinite(self.overhead_s) and self.overhead_s >= 0
+        ):
+            raise ConfigError(f"--overhead-s must be a finite number >= 0, got {self.overhead_s}")
+        if self.target_loss is not None and not math.isfinite(self.target_loss):
+            raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss}")
         if self.max_wall_s is not None and not (
             math.isfinite(self.max_wall_s) and self.max_wall_s > 0
         ):
@@ -151,10 +154,15 @@ class TrainConfig:
 
     def to_json(self) -> dict:
         """Paths absolute: a run resumed from another working directory finds the same ones."""
-        return {
+        values = {
             k: (str(v.absolute()) if isinstance(v, Path) else v)
             for k, v in dataclasses.asdict(self).items()
         }
+        if self.stragglers.startswith("replay:"):
+            values["stragglers"] = "replay:" + str(
+                Path(self.stragglers[len("replay:") :]).absolute()
+            )
+        return values
 
     @classmethod
     def from_json(cls, data: dict, **overrides) -> TrainConfig:
@@ -183,10 +191,10 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
         undo_store = TraceStore(cfg.traces).check_writable()
         return train_in(cfg, engine_cfg, policy, state)
     except (BdsgdError, KeyboardInterrupt):
+        if undo_store:
+            undo_store()  # (no empty trace store is left; first: it may share a new parent)
         if undo and not (cfg.out / STATE_FILE).exists():
             undo()  # rejected or interrupted before its first iteration: no run dir is left
-        if undo_store:
-            undo_store()  # (nor an empty trace store)
         raise
 
 

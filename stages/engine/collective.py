@@ -248,9 +248,8 @@ class Coordinator(SyncEngine):
 
     def connect(self) -> None:
         super().connect()
-        workers = [int(w) for w in np.flatnonzero(self.live)]
-        kinds = self.store.multi_get([device_key(w) for w in workers]) if workers else []
-        self.devices = {w: kind.decode() for w, kind in zip(workers, kinds, strict=True)}
+        for w in map(int, np.flatnonzero(self.live)):
+            self.device_of(w)
         self.last_cut = time.perf_counter()
 
     # -- an iteration -------------------------------------------------------------------------
@@ -549,7 +548,15 @@ class Coordinator(SyncEngine):
         return None
 
     def trace_device(self, worker: int) -> str:
-        return self.devices[worker]  # (every worker a row is written for was live at connect)
+        return self.device_of(worker)
+
+    def device_of(self, worker: int) -> str:
+        """The device ``worker`` reported (set before it counts as ready; read without waiting:
+        on a resumed run a worker dead at the checkpoint may count instead of a slow live one,
+        which reports by the time it computes). ``--device`` where it has not reported."""
+        if worker not in self.devices and self.store.check([device_key(worker)]):
+            self.devices[worker] = self.store.get(device_key(worker)).decode()
+        return self.devices.get(worker, self.cfg.device if self.cfg.device != "auto" else "cpu")
 
     def extras(self) -> dict:
         """What the summary reports of the collective engine."""

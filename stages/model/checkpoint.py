@@ -96,8 +96,17 @@ class Checkpoint:
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
-    """Write ``ckpt`` atomically; raises CheckpointError if the location is not writable."""
+    """Write ``ckpt`` atomically; raises CheckpointError if the location is not writable, or if
+    :func:`load_checkpoint` would refuse what is written (a diverged fit: NaN weights)."""
     path = Path(path)
+    try:
+        _check_weights(ckpt.model.cfg, ckpt.model.state_dict())
+        _normaliser({"loc": ckpt.norm.loc, "scale": ckpt.norm.scale})
+        _common(ckpt.common)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"the fit diverged, nothing written ({first_line(exc)}): try a smaller --lr"
+        ) from None
     payload = {
         "format": FORMAT,
         "version": VERSION,

@@ -78,6 +78,19 @@ def test_policies_run_choice_from_frac_and_out(tmp_path):
     assert json.loads((out / "summary.json").read_text())["policies"].keys() == {"full"}
 
 
+def test_out_interrupted_before_its_summary_may_be_written_again(tmp_path):
+    """simulate writes iterations.parquet, then summary.json (the marker): a run stopped in
+    between left a directory that is still simulate's."""
+    write_run(tmp_path / "traces", "profile-1", straggling(10, 4))
+    out = tmp_path / "sim"
+    out.mkdir()
+    (out / "iterations.parquet").write_bytes(b"partial run of ours")
+    args = ["simulate", "--traces", str(tmp_path / "traces"), "--policies", "full"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["kind"] == "simulate"
+
+
 @pytest.mark.parametrize("kind", ["train", None])
 def test_out_that_holds_files_simulate_did_not_write_is_refused(tmp_path, kind):
     """A train run directory (or any other non-empty one) is never overwritten."""

@@ -186,6 +186,28 @@ def test_an_existing_non_checkpoint_file_is_never_replaced(tmp_path):
     assert precious.read_text() == "my notes"
 
 
+@pytest.mark.parametrize("text", ["hello\n", "a,b\n1,2\n"])
+def test_a_text_file_read_as_a_checkpoint_is_one_line(tmp_path, text):
+    """Read as pickle opcodes, text raised KeyError or IndexError: a traceback before."""
+    path = tmp_path / "notes.txt"
+    path.write_text(text)
+    with pytest.raises(CheckpointError, match="exists and is not a bdsgd checkpoint"):
+        check_writable(path)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(path)
+    assert path.read_text() == text
+
+
+def test_a_diverged_fit_writes_nothing(tmp_path):
+    """Its own loader would refuse NaN weights: the fit fails instead of writing them."""
+    ckpt = _checkpoint()
+    with torch.no_grad():
+        next(iter(ckpt.model.parameters())).fill_(float("nan"))
+    with pytest.raises(CheckpointError, match="the fit diverged, nothing written"):
+        save_checkpoint(tmp_path / "m.pt", ckpt)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_earlier_checkpoint_of_any_version_may_be_replaced(tmp_path):
     check_writable(save_checkpoint(tmp_path / "m.pt", _checkpoint()))
     older = _crafted(tmp_path, _set("version", value=1))
