@@ -200,9 +200,8 @@ class SyncEngine(Engine):
         holder died, or hung, between taking it and naming itself); None ends the admission:
         every live worker has reported, the policy stopped at a tick, or the deadline passed
         (then the workers without a ticket are declared dead). At a tick, a ticket already taken
-        is read first (its report follows within ``REPORT_GRACE_S``): its holder finished
-        before the engine looked, most likely before the tick, and the simulator, which knows
-        every run-time, takes such an arrival before the tick too."""
+        is read first (its report follows within ``REPORT_GRACE_S``) when its run-time is no
+        later than the tick: the simulator, which knows every run-time, orders them so too."""
         key, missing_since = P.arrival_key(t, ticket), None
         if ticket > self.ticket_limit():
             return None  # a hole took an admitted ticket: nobody else is admitted
@@ -211,8 +210,8 @@ class SyncEngine(Engine):
             if self.aborted or self.all_reported():
                 return None
             taken = self.store.add(P.ticket_key(t), 0) >= ticket
-            if taken and P.wait_key(self.store, key, REPORT_GRACE_S):
-                return True  # its holder finished (before the tick due, if one is): read it first
+            if taken and P.wait_key(self.store, key, REPORT_GRACE_S) and self.before_tick(key):
+                return True  # its holder finished before the tick due: the arrival comes first
             if self.driver.wait(self.driver_now()):
                 return None  # asked again while waiting, the policy stops here
             missing_since = missing_since or (time.monotonic() if taken else None)
@@ -221,6 +220,13 @@ class SyncEngine(Engine):
             if time.monotonic() > deadline:
                 return self.declare_hung(t, ticket)
         return True
+
+    def before_tick(self, key: str) -> bool:
+        """Whether the report under ``key`` arrived (by its run-time) no later than the driver's
+        next tick: as the simulator orders them, that arrival is taken first; a later one comes
+        after the tick is asked."""
+        tick = self.driver.next_tick
+        return tick is None or WorkerReport.decode(self.store.get(key)).runtime_s <= tick
 
     def driver_now(self) -> float:
         """The present in the driver's time (worker run-times): the last arrival's run-time plus
