@@ -212,7 +212,7 @@ class SyncEngine(Engine):
             taken = self.store.add(P.ticket_key(t), 0) >= ticket
             if taken and P.wait_key(self.store, key, REPORT_GRACE_S) and self.before_tick(key):
                 return True  # its holder finished before the tick due: the arrival comes first
-            if self.driver.wait(self.driver_now()):
+            if self.driver.wait(self.tick_due()):
                 return None  # asked again while waiting, the policy stops here
             missing_since = missing_since or (time.monotonic() if taken else None)
             if missing_since and self.holder_died(missing_since):
@@ -227,6 +227,13 @@ class SyncEngine(Engine):
         after the tick is asked."""
         tick = self.driver.next_tick
         return tick is None or WorkerReport.decode(self.store.get(key)).runtime_s <= tick
+
+    def tick_due(self) -> float:
+        """The present for the driver while waiting: a tick that is due is asked at its own time,
+        not at the moment the engine got to it (a slice late): the simulator asks it there, and
+        bdsgd's answer depends on the present it is given."""
+        now, tick = self.driver_now(), self.driver.next_tick
+        return tick if tick is not None and now >= tick else now
 
     def driver_now(self) -> float:
         """The present in the driver's time (worker run-times): the last arrival's run-time plus

@@ -119,8 +119,8 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_p
         assert out.censored.tolist() == censored.tolist()
         recorded = it["runtime_s"].to_numpy()
         assert np.array_equal(out.runtimes[~censored], recorded[~censored])
-        # censored at the cut: an arrival's run-time, or a tick, which the engine acts on when
-        # its clock reaches it (so no earlier than the simulator). Except where a tick and an
+        # censored at the cut: an arrival's run-time, or a tick, which the engine asks at the
+        # tick's own time as the simulator does (so no earlier than the simulator). Except where a tick and an
         # arrival came within a ticket's latency (CI saw 1 ms): the engine reads a ticket taken
         # by the tick first, but a worker that finished just before it and had not taken its
         # ticket yet is read after the policy cut at the tick, and admitted as the engine
