@@ -73,32 +73,38 @@ def write_run_dir(out: Path, summary: dict, iterations: pa.Table) -> None:
     write_atomic(out / SUMMARY, json.dumps(payload, indent=2, default=float).encode())
 
 
-def check_output_dir(out: Path, marker: str, kind: str, writes: str) -> None:
+def check_output_dir(
+    out: Path, marker: str, kind: str, writes: str, before_marker: tuple[str, ...] = ()
+) -> None:
     """Raise a one-line error unless ``out`` can be written: its nearest existing ancestor is a
-    writable directory, and an existing ``out`` is empty or an earlier ``kind`` output (its
-    ``marker`` JSON says ``"kind": kind``), whose files are replaced: no command overwrites a
-    file it did not write. ``writes`` names what it writes, for the message. Creates nothing."""
+    writable directory, and an existing ``out`` is empty or an earlier ``kind`` output, whose
+    files are replaced: no command overwrites a file it did not write. An earlier output has
+    its ``marker`` JSON saying ``"kind": kind``, or holds only files the command writes
+    ``before_marker`` (it was interrupted before the marker landed). ``writes`` names what it
+    writes, for the message. Creates nothing."""
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"cannot write --out {out}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write --out {out}: {existing} is not writable")
-    if existing == out and any(out.iterdir()) and not written_as(out / marker, kind, out):
+    names = (
+        {p.name for p in out.iterdir() if not p.name.startswith(".tmp-")}
+        if existing == out
+        else set()
+    )
+    if names and not (names <= set(before_marker) or written_as(out / marker, kind)):
         raise ConfigError(
             f"--out {out} is not empty and not an earlier {kind}'s output: pass a new or empty "
             f"directory ({kind} writes {writes} there)"
         )
 
 
-def written_as(marker: Path, kind: str, out: Path) -> bool:
-    """Whether the JSON file ``marker`` says its directory is a ``kind`` output, or the run
-    directory files alone are there (a run directory whose writing was interrupted before its
-    summary, the marker, landed)."""
+def written_as(marker: Path, kind: str) -> bool:
+    """Whether the JSON file ``marker`` says its directory is a ``kind`` output."""
     try:
         return json.loads(marker.read_text()).get("kind") == kind
     except (OSError, ValueError, AttributeError):
-        names = {p.name for p in out.iterdir() if not p.name.startswith(".tmp-")}
-        return marker.name == SUMMARY and names <= {ITERATIONS}
+        return False
 
 
 def read_run_dir(path: Path) -> tuple[dict, pa.Table]:

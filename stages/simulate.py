@@ -479,7 +479,13 @@ def best_policies(metrics: dict[str, dict]) -> dict[str, str | None]:
 def run_simulate(config: SimulateConfig) -> dict:
     """Replay and compare; returns simulate's JSON summary (SPEC) and writes ``config.out``."""
     if config.out is not None:
-        check_output_dir(config.out, SUMMARY, "simulate", f"{SUMMARY} and {ITERATIONS}")
+        check_output_dir(
+            config.out,
+            SUMMARY,
+            "simulate",
+            f"{SUMMARY} and {ITERATIONS}",
+            before_marker=(ITERATIONS,),
+        )  # fmt: skip (write_run_dir's order)
     run = load_run(config)
     t, n = run.runtimes.shape
     specs = list(config.policies) or default_policy_specs(n, config.checkpoint is not None)

@@ -125,7 +125,8 @@ def build_workload(spec: str, factory: Callable[..., object], seed: int) -> Work
 
 
 def error_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, as the workers report a workload's errors."""
+    """``Type: first line of the message``: a workload's error, in one line (here and in the
+    workers, :func:`stages.engine.worker.workload_code`)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 

@@ -27,7 +27,7 @@ from stages.engine import protocol as P
 from stages.engine.config import EngineConfig
 from stages.engine.report import WorkerReport
 from stages.stragglers import parse_stragglers
-from stages.workloads import Workload, load_workload
+from stages.workloads import Workload, error_line, load_workload
 
 
 @dataclass(frozen=True)
@@ -214,9 +214,7 @@ def workload_code():
     try:
         yield
     except Exception as exc:  # noqa: BLE001 (any error of the user's code)
-        text = str(exc).strip().splitlines()
-        reason = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-        raise WorkloadError(reason) from exc
+        raise WorkloadError(error_line(exc)) from exc
 
 
 def use_device(device: torch.device) -> None:
