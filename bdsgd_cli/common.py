@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +18,7 @@ from stages.errors import BdsgdError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 
 
 def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -22,16 +27,40 @@ def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        terminated: list[bool] = []
         try:
-            return fn(*args, **kwargs)
+            with sigterm_as_ctrl_c(terminated):
+                return fn(*args, **kwargs)
         except BdsgdError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_ERROR)
         except KeyboardInterrupt:
-            click.echo("error: interrupted; everything written so far is kept", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            why = "terminated (SIGTERM)" if terminated else "interrupted"
+            click.echo(f"error: {why}; everything written so far is kept", err=True)
+            sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(terminated: list[bool]):
+    """SIGTERM (``kill``, a batch scheduler's preemption, ``docker stop``) stops a command as
+    Ctrl-C does: it is turned into a SIGINT to this process, so a run ends after the iteration
+    under way, with its traces, iteration log and checkpoint in agreement. ``terminated`` gets a
+    True when it came. (The spawned workers ignore both: the engine tells them to stop.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def relay(signum, frame) -> None:
+        terminated.append(True)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, relay)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def emit_json(payload: dict) -> None:

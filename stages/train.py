@@ -185,7 +185,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     variant(engine_cfg, policy)  # (the engine that runs the policy takes the other flags)
     if state:
         check_resumable(state, cfg, engine_cfg, policy)
-    undo = prepare_run_dir(cfg) if not resume else None
+    undo = prepare_run_dir(cfg, run_id) if not resume else None
     undo_store = None
     try:
         undo_store = TraceStore(cfg.traces).check_writable()
@@ -224,14 +224,16 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
     return summary
 
 
+RUN_ID_KEY = "run_id"  # config.json: the run whose checkpoints the directory holds
 RUN_FILES = (STATE_FILE, "summary.json", "iterations.parquet")
 """What a previous run left in a run directory (``--force`` removes them and the iteration-log
 segments under ``log/``, nothing else)."""
 
 
-def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
-    """Create the run directory and write its config; returns what undoes that. ``out`` must be
-    a new path or an empty directory, unless ``force``."""
+def prepare_run_dir(cfg: TrainConfig, run_id: str | None = None) -> Callable[[], None]:
+    """Create the run directory and write its config (with ``run_id``: the run its checkpoints
+    belong to); returns what undoes that. ``out`` must be a new path or an empty directory,
+    unless ``force``."""
     out = cfg.out
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory")
@@ -251,7 +253,8 @@ def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
         for name in RUN_FILES:  # a previous run's (--force): never mixed with this one's
             (out / name).unlink(missing_ok=True)
         remove_segments(out)
-        write_atomic(out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
+        written = {**cfg.to_json(), **({RUN_ID_KEY: run_id} if run_id else {})}
+        write_atomic(out / CONFIG_FILE, json.dumps(written, indent=2).encode())
     except OSError as exc:
         raise ConfigError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
 
@@ -316,6 +319,12 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
     as the config says, enough of them alive, and iterations are left to run (a finished run is
     not run again: its summary stays)."""
     path, kind = cfg.out / STATE_FILE, variant(engine, policy)
+    started = written_run_id(cfg.out)
+    if started is not None and state.get("run_id") != started:
+        raise CheckpointError(
+            f"{path} belongs to run {state.get('run_id')}, not to {started}, which "
+            f"{cfg.out / CONFIG_FILE} was started for: it was copied from another run directory"
+        )
     if state.get("engine") != kind:
         raise CheckpointError(
             f"{path} was written by the {state.get('engine')} engine, not by the {kind} engine "
@@ -337,6 +346,17 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
             f"{cfg.out} has already run {int(state['next_iteration'])} iterations: pass "
             f"--iterations above that to extend it"
         )
+    if (reason := StopRule(cfg, state.get("log")).met(state.get("log"))) is not None:
+        raise ConfigError(f"{cfg.out} has already stopped: {reason} (a resumed run keeps them)")
+
+
+def written_run_id(run_dir: Path) -> str | None:
+    """The run id ``run_dir``'s config names (None for a directory written before it did)."""
+    try:
+        value = json.loads((run_dir / CONFIG_FILE).read_text()).get(RUN_ID_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def replay_async_history(policy: Policy, traces: Path, run_id: str, state: dict) -> None:
@@ -476,6 +496,18 @@ class StopRule:
         for loss in (log or {}).get("loss", []):
             self.loss.add(loss)
 
+    def met(self, log: dict | None) -> str | None:
+        """Why a resumed run with iteration log ``log`` (as given to the constructor) would stop
+        at once: its smoothed loss already reached ``--target-loss`` (with
+        ``--stop-at-target``), or its wall clock ``--max-wall-s``; None if neither."""
+        walls = (log or {}).get("wall_s") or []
+        smooth = self.loss.value
+        if self.target is not None and smooth is not None and smooth <= self.target:
+            return f"its smoothed loss {smooth:.4g} reached --target-loss {self.target:g}"
+        if self.max_wall_s is not None and walls and walls[-1] >= self.max_wall_s:
+            return f"its wall clock {walls[-1]:.1f} s reached --max-wall-s {self.max_wall_s:g}"
+        return None
+
     def __call__(self, row: dict) -> None:
         smooth = self.loss.add(row.get("loss"))
         if self.target is not None and smooth is not None and smooth <= self.target:
@@ -518,6 +550,7 @@ def resume_config(
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a train config")
     check_resumed_workload(path, data.get("workload", "mlp"), workload)
+    data.pop(RUN_ID_KEY, None)  # (check_resumable compares it with the checkpoint's)
     overrides: dict = {"out": run_dir}  # (where it is now: it may have been moved)
     if iterations:
         overrides["iterations"] = iterations

@@ -13,7 +13,7 @@
     inside one all-reduce among themselves (gloo on CPU, NCCL on GPU).
 - ``async_server.py`` / ``async_worker.py`` / ``async_protocol.py``: k-async, async, adasync.
 - ``launch.py``: the control store, spawned workers (or torchrun ranks), checkpoints, shutdown;
-  ``spawned.py``: a spawned worker's first code (SIGINT ignored before torch is imported).
+  ``spawned.py``: a spawned worker's first code (SIGINT, SIGTERM ignored before torch is imported).
 
 Every variant's workers take an atomic ticket from the c10d store when their gradient is ready
 and write their :class:`WorkerReport` under it, so "first c" is decided in one round trip, across

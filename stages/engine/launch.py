@@ -1,6 +1,6 @@
 """Starting and stopping an engine run on one machine: the control store, N spawned worker
 processes, the engine loop in this process, periodic checkpoints, and a shutdown that leaves no
-process behind (stop keys, bounded joins, then terminate and kill).
+process behind (stop keys, bounded joins, then kill).
 
 :func:`variant` picks the engine: asynchronous policies (``k-async``) run the asynchronous server
 and workers; cutoff policies run ``--engine ps`` (parameter server) or ``--engine collective``
@@ -202,17 +202,15 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
 
 
 def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
-    """Wait (bounded) for the workers to exit, then terminate, then kill."""
+    """Wait (bounded) for the workers to exit, then kill them (they ignore SIGTERM:
+    :mod:`stages.engine.spawned`)."""
     deadline = time.monotonic() + grace_s
     for proc in procs:
         proc.join(max(deadline - time.monotonic(), 0.1))
     for proc in procs:
         if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
-        if proc.is_alive():
             proc.kill()
-            proc.join(1.0)
+            proc.join(2.0)
 
 
 def _stop_ignored(on_iteration):

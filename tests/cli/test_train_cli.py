@@ -321,15 +321,19 @@ def kill_session(proc: subprocess.Popen) -> None:
 
 
 def interrupt_train(
-    tmp: Path, policy: str, iterations: int = 400, stragglers: str | None = None
+    tmp: Path,
+    policy: str,
+    iterations: int = 400,
+    stragglers: str | None = None,
+    signum: int = signal.SIGINT,
 ) -> tuple[subprocess.Popen, str, list[int]]:
-    """Start a train, Ctrl-C its process group once a checkpoint is written; returns the
-    process, its stderr and the worker pids it had."""
+    """Start a train, Ctrl-C (or ``signum``) its process group once a checkpoint is written;
+    returns the process, its stderr and the worker pids it had."""
     proc = start_train(tmp, iterations=iterations, policy=policy, stragglers=stragglers)
     try:
         wait_until(lambda: (tmp / "run" / "server_state.pt").exists(), 60, "a checkpoint")
         workers = [p for p in children_of(proc.pid) if running(p)]
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         _, stderr = proc.communicate(timeout=30)
     finally:
         kill_session(proc)
@@ -451,6 +455,27 @@ def test_ctrl_c_keeps_what_was_written(tmp_path):
     rows = TraceStore(tmp_path / "traces").read()
     assert rows["iteration"].max() == summary["iterations"] - 1
     wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
+
+
+@pytest.mark.parametrize("engine_policy", ["static:2", "adasync"])
+def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does(tmp_path, engine_policy):
+    """A scheduler's preemption: SIGTERM to every process of the run. The workers outlive it
+    (they ignore it) until the engine stops them, the run is recorded whole, exit 143, and it
+    resumes."""
+    proc, stderr, workers = interrupt_train(tmp_path, engine_policy, signum=signal.SIGTERM)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1].startswith("error: terminated (SIGTERM)")
+    assert "Traceback" not in stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert summary["interrupted"] and summary["dead_workers"] == {}  # no worker died of it
+    assert 25 <= summary["iterations"] < 400
+    assert its["iteration"] == list(range(summary["iterations"]))
+    wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
+    more = str(summary["iterations"] + 5)
+    done = bdsgd("train", "--resume", str(tmp_path / "run"), "--iterations", more, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["iterations"] == int(more)
 
 
 def test_a_huge_iteration_count_runs_until_ctrl_c(tmp_path):

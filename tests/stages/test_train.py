@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from stages.train import (
     build_policy,
     check_resumable,
     load_state,
+    prepare_run_dir,
     replay_async_history,
     resume_config,
     time_to_loss,
@@ -175,6 +177,46 @@ def test_resume_refuses_a_state_the_run_cannot_continue(tmp_path, state, error, 
                     cfg.engine_settings("r"), policy)  # fmt: skip
 
 
+def test_resume_refuses_a_checkpoint_copied_from_another_run(tmp_path):
+    """The run directory's config names the run it was started for; a checkpoint of another
+    run (same engine, same N) is refused. A directory written before config.json named it
+    resumes as before."""
+    cfg = config(tmp_path)
+    policy = build_policy(cfg, ("h",) * 4)
+    prepare_run_dir(cfg, "train-mine")
+    assert resume_config(cfg.out) == cfg  # (the run id is not a setting)
+    with pytest.raises(CheckpointError, match="belongs to run train-other, not to train-mine"):
+        check_resumable({**resumable("collective"), "run_id": "train-other"}, cfg,
+                        cfg.engine_settings("train-other"), policy)  # fmt: skip
+    check_resumable({**resumable("collective"), "run_id": "train-mine"}, cfg,
+                    cfg.engine_settings("train-mine"), policy)  # fmt: skip
+    (cfg.out / "config.json").write_text(json.dumps(cfg.to_json()))  # an older run directory
+    check_resumable({**resumable("collective"), "run_id": "train-other"}, cfg,
+                    cfg.engine_settings("train-other"), policy)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("settings", "log", "match"),
+    [
+        (dict(target_loss=1.5, stop_at_target=True), {"loss": [1.0] * 5, "wall_s": [1.0] * 5},
+         "smoothed loss 1 reached --target-loss 1.5"),
+        (dict(max_wall_s=3.0), {"loss": [2.0] * 4, "wall_s": [1.0, 2.0, 3.0, 3.5]},
+         "wall clock 3.5 s reached --max-wall-s 3"),
+    ],
+)  # fmt: skip
+def test_resume_refuses_a_run_its_stop_rule_ended(tmp_path, settings, log, match):
+    """Resumed, it would stop after one more iteration: it is refused as a finished run is. A
+    run whose rule was not met resumes."""
+    cfg = config(tmp_path, **settings)
+    policy = build_policy(cfg, ("h",) * 4)
+    with pytest.raises(ConfigError, match=f"has already stopped: its {match}"):
+        check_resumable({**resumable("collective"), "log": log}, cfg, cfg.engine_settings("r"),
+                        policy)  # fmt: skip
+    early = {k: v[:1] for k, v in log.items()} | {"loss": [3.0]}
+    check_resumable({**resumable("collective"), "log": early}, cfg, cfg.engine_settings("r"),
+                    policy)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "flag", [dict(engine="collective"), dict(salvage=True), dict(allreduce="ring")]
 )
@@ -196,7 +238,7 @@ def test_the_run_config_holds_absolute_paths(tmp_path, monkeypatch):
 def test_config_round_trips_through_the_run_dir(tmp_path):
     cfg = config(tmp_path, target_loss=0.5)
     cfg.out.mkdir()
-    (cfg.out / "config.json").write_text(__import__("json").dumps(cfg.to_json()))
+    (cfg.out / "config.json").write_text(json.dumps(cfg.to_json()))
     assert resume_config(cfg.out) == cfg
     assert resume_config(cfg.out, iterations=20).iterations == 20
 
