@@ -19,3 +19,12 @@ class CheckpointError(BdsgdError):
 
 class WorkerError(BdsgdError):
     """A worker process died, timed out or could not be reached."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first informative line of an exception's message (torch's state-dict errors put a
+    heading first and the reason on the next line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else type(exc).__name__

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from schemas import to_table, validate_table
-from stages.errors import ConfigError, TraceError
+from stages.errors import ConfigError, TraceError, first_line
 from stages.store import TraceStore, new_run_id
 
 FORMATS = ("auto", "csv", "parquet")
@@ -135,7 +135,7 @@ def read_log(path: Path, fmt: str = "auto") -> pl.DataFrame:
             df = pl.read_csv(path, infer_schema_length=None)
     except (pl.exceptions.PolarsError, OSError, UnicodeDecodeError) as exc:
         kind = "Parquet" if is_parquet else "CSV"
-        raise TraceError(f"{path}: not a readable {kind} file ({_first_line(exc)})") from None
+        raise TraceError(f"{path}: not a readable {kind} file ({first_line(exc)})") from None
     if df.height == 0:
         raise TraceError(f"{path}: no rows to import")
     return df
@@ -282,8 +282,3 @@ def _name_input_column(message: str, mapping: dict[str, str]) -> str:
         if schema_col in message and source is not None and source != schema_col:
             return f"{message} (input column {source!r})"
     return message
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

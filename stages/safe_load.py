@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from stages.errors import CheckpointError
+from stages.errors import CheckpointError, first_line
 
 
 def load_plain(path: Path, what: str) -> dict:
@@ -46,12 +46,3 @@ def save_atomic(payload: dict, path: Path) -> None:
     finally:
         with contextlib.suppress(OSError):  # e.g. the parent is not a directory: nothing to remove
             tmp.unlink()
-
-
-def first_line(exc: BaseException) -> str:
-    """The first informative line of an exception's message (torch's state-dict errors put a
-    heading first and the reason on the next line)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else type(exc).__name__

@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from schemas import to_table, validate_schema, validate_table, validate_values
 from stages.console import console
-from stages.errors import TraceError
+from stages.errors import TraceError, first_line
 
 PART_GLOB = "part-*.parquet"
 
@@ -79,7 +79,7 @@ class TraceStore:
             os.replace(tmp, self.path / name)
         except OSError as exc:
             raise TraceError(
-                f"cannot write to trace store {self.path}: {_first_line(exc)}"
+                f"cannot write to trace store {self.path}: {first_line(exc)}"
             ) from None
         finally:
             tmp.unlink(missing_ok=True)
@@ -288,7 +288,7 @@ def read_trace_path(path: str | os.PathLike) -> pl.DataFrame:
     try:
         table = pq.read_table(p)
     except (pa.ArrowException, OSError) as exc:
-        raise TraceError(f"{p}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise TraceError(f"{p}: not a readable Parquet file ({first_line(exc)})") from None
     validate_table(table, where=str(p))
     return pl.from_arrow(table)
 
@@ -304,7 +304,7 @@ def _scan_rows(files: list[Path], run_id: str | None) -> pl.DataFrame:
     try:
         return (scan.filter(pl.col("run_id") == run_id) if run_id is not None else scan).collect()
     except (pl.exceptions.PolarsError, OSError) as exc:
-        raise TraceError(f"cannot read a trace file: {_first_line(exc)}") from None
+        raise TraceError(f"cannot read a trace file: {first_line(exc)}") from None
 
 
 def _checked_rows(path: Path, run_id: str | None) -> pl.DataFrame:
@@ -315,7 +315,7 @@ def _checked_rows(path: Path, run_id: str | None) -> pl.DataFrame:
         scan = pl.scan_parquet(str(path))
         df = (scan.filter(pl.col("run_id") == run_id) if run_id is not None else scan).collect()
     except (pl.exceptions.PolarsError, OSError) as exc:
-        raise TraceError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise TraceError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
     if df.height:
         validate_values(df.to_arrow(), where=str(path))
     return df
@@ -325,12 +325,7 @@ def _read_schema(path: Path) -> pa.Schema:
     try:
         return pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
-        raise TraceError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+        raise TraceError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
 
 
 class TraceWriter:

@@ -101,9 +101,14 @@ def load_workload(spec: str, seed: int = 0) -> Workload:
             f"unknown workload {spec!r}: use mlp, cnn, transformer or module:function"
         )
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
         raise ConfigError(f"cannot load workload {spec!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 (the user's module failed while it was imported)
+        raise ConfigError(f"workload {spec!r} failed on import: {error_line(exc)}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ConfigError(f"cannot load workload {spec!r}: {module_name} has no {attr!r}")
     if not callable(factory):
         raise ConfigError(
             f"cannot load workload {spec!r}: {spec.replace(':', '.')} is a "

@@ -188,9 +188,11 @@ def quiet_c10d_logs() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
-def shutdown(group) -> None:
-    """Close a process group's connections, so members still blocked in it fail at once."""
-    for name in ("abort", "shutdown"):
+def shutdown(group, graceful: bool = False) -> None:
+    """Close a process group's connections, so members still blocked in it fail at once
+    (``graceful``: at the end of a run, nothing pending: shut down first, abort if that fails;
+    NCCL's communicators are then released before the process exits, not torn down by it)."""
+    for name in ("shutdown", "abort") if graceful else ("abort", "shutdown"):
         try:
             getattr(group, name)()
             return

@@ -316,6 +316,9 @@ class Replica(WorkerProcess):
             self.evaluate_due()
             self.store.set(C.eval_key("final"), repr(self.evaluate()))
             self.store.set(C.replica_key("final"), self.state_bytes())
+        if self.group is not None:  # (the run's last all-reduce has ended on every member)
+            P.shutdown(self.group, graceful=True)
+            self.group = None
 
     @torch.no_grad()
     def evaluate(self) -> float:

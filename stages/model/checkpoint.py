@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from schemas.trace_v1 import MAX_WORLD_SIZE
-from stages.errors import CheckpointError
+from stages.errors import CheckpointError, first_line
 from stages.model.data import Normaliser
 from stages.model.runtime_model import ModelConfig, RuntimeModel
-from stages.safe_load import first_line, load_plain, save_atomic
+from stages.safe_load import load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
 VERSION = 4

@@ -39,6 +39,21 @@ def test_a_raising_factory_is_one_line_naming_the_workload():
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
+def test_a_module_failing_on_import_is_one_line(tmp_path, monkeypatch):
+    """Its error is the user's code's (not a missing module): one line naming the workload."""
+    (tmp_path / "bdsgd_test_badmod.py").write_text("x = 1\nraise ValueError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load_workload("bdsgd_test_badmod:make")
+    assert str(info.value) == (
+        "workload 'bdsgd_test_badmod:make' failed on import: ValueError: no GPU here"
+    )
+    with pytest.raises(ConfigError, match="cannot load workload 'json:nothing': json has no "):
+        load_workload("json:nothing")
+    with pytest.raises(ConfigError, match="cannot load workload 'bdsgd_no_such_module:f'"):
+        load_workload("bdsgd_no_such_module:f")
+
+
 def test_a_factory_not_taking_seed_is_one_line():
     with pytest.raises(ConfigError, match=r"workload 'os:getcwd' failed: TypeError: ") as info:
         load_workload("os:getcwd")
