@@ -1,7 +1,9 @@
 """The collective variant of the synchronous engine: every worker holds a replica of the model and
 optimizer; this process is a light coordinator that holds no parameters. It runs the policy,
-announces each iteration (``go/<t>`` = ``"<generation>,<c or ONLINE>,<live>"``, and the same as
-one integer under ``cgo/<t>``, which a replica reads in one round trip), and cuts. At the cut every
+announces each iteration, or a block of them at once (``cgo/<t>``, one integer a replica reads in
+one round trip, saying through which iteration it holds, then ``go/<t>`` =
+``"<generation>,<c or ONLINE>,<live>"``, which a replica that came early waits for; both at the
+block's first iteration alone), and cuts. At the cut every
 live replica enters one all-reduce of (gradient sum, sample count, ..., report slots) -- admitted
 workers contribute their gradient, cut-off ones zeros (or, with ``--salvage``, the micro-batches
 they finished) -- and steps (:mod:`stages.engine.replica`). A replica computes its next gradient
@@ -245,6 +247,8 @@ class Coordinator(SyncEngine):
         self.read_steps: dict[int, tuple | None] = {}  # statistics of steps admit read
         self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
+        self.limit = 0  # the limit last announced
+        self.block_starts: set[int] = set()  # iterations whose announcement keys were written
 
     def connect(self) -> None:
         super().connect()
@@ -297,14 +301,25 @@ class Coordinator(SyncEngine):
         return False
 
     def announce(self, t: int, limit: int) -> None:
-        """A new generation if the live set changed, then the iteration, its limit and whether
-        the coordinator reads arrivals live (as text for the shared protocol, as an integer for
-        the replicas' one-round-trip read)."""
-        self.new_generation(t)
+        self.announce_block(t, t, limit)
+
+    def announce_block(self, first: int, last: int, limit: int) -> None:
+        """A new generation if the live set changed, then iterations ``first..last`` at once:
+        keys for ``first`` alone, which say through which iteration they hold."""
+        self.new_generation(first)
+        self.limit = limit
+        self.write_announcement(first, last)
+
+    def write_announcement(self, first: int, last: int) -> None:
+        """Iterations ``first..last`` of the current generation, with the last limit announced,
+        and whether the coordinator reads arrivals live: as one integer for the replicas'
+        one-round-trip read (set, not added: a regrouping announces again over an older one),
+        then as text, which a replica that came early waits for (it then reads the integer)."""
         live = int(self.reads_arrivals)
-        self.store.set(P.go_key(t), f"{self.generation},{limit},{live}")
-        span = self.through - t
-        self.store.add(announce_key(t), encode_announcement(self.generation, limit, live, span))
+        code = encode_announcement(self.generation, self.limit, live, last - first)
+        self.store.set(announce_key(first), str(code))
+        self.store.set(P.go_key(first), f"{self.generation},{self.limit},{live}")
+        self.block_starts.add(first)
 
     @property
     def reads_arrivals(self) -> bool:
@@ -394,7 +409,9 @@ class Coordinator(SyncEngine):
         recorded = (
             [record_key(t + 1), replica_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
         )
-        return [*super().iteration_keys(t), announce_key(t), *evaluated, *recorded]
+        announced = [announce_key(t)] if t in self.block_starts else []
+        self.block_starts.discard(t)
+        return [*super().iteration_keys(t), *announced, *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):
@@ -460,6 +477,8 @@ class Coordinator(SyncEngine):
             resume = self.begun + 1
         self.members = []  # force a new generation even if nobody died (failure without death)
         self.new_generation(resume)
+        if resume <= self.announced:  # (a block announced ahead: its keys are at its start)
+            self.write_announcement(resume, self.announced)
 
     # -- held-out loss, state, end ------------------------------------------------------------
     def collect_evals(self, wait_s: float = 0.0) -> None:

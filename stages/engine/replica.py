@@ -99,14 +99,13 @@ class Replica(WorkerProcess):
         if t <= self.known_through:
             return self.known
         code = self.store.add(C.announce_key(t), 0)
-        if code:
-            generation, limit, live, span = C.decode_announcement(code)
-            self.known, self.known_through = (generation, limit, live), t + span
-            return self.known
-        announced = wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w)
-        if announced == P.STOP:
-            return None
-        return tuple(int(v) for v in announced.split(","))  # type: ignore[return-value]
+        if not code:  # not announced yet: wait for the text, written after the integer
+            if wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w) == P.STOP:
+                return None
+            code = self.store.add(C.announce_key(t), 0)
+        generation, limit, live, span = C.decode_announcement(code)
+        self.known, self.known_through = (generation, limit, live), t + span
+        return self.known
 
     def compute_ahead(self, t: int):
         """Iteration t's gradient, started as soon as the step before it is applied: the

@@ -107,9 +107,8 @@ class SyncEngine(Engine):
             # the stop after agree: else a worker waits for an iteration nobody runs
             with interrupts_deferred():
                 self.before_announcing(max(self.announced + 1, t), self.through)
-                for k in range(max(self.announced + 1, t), self.through + 1):
-                    self.announce(k, limit)
-                    self.announced = k
+                self.announce_block(max(self.announced + 1, t), self.through, limit)
+                self.announced = self.through
         self.begun = t
 
     def before_announcing(self, first: int, last: int) -> None:  # noqa: B027 (a hook)
@@ -139,6 +138,12 @@ class SyncEngine(Engine):
                 self.store.set(P.cut_key(t), repr(time.time()))
         except RuntimeError:
             pass  # the store is gone: workers will notice and exit on their own
+
+    def announce_block(self, first: int, last: int, limit: int) -> None:
+        """Start iterations ``first..last`` with the same ``limit`` (one at a time by default;
+        a variant may announce them at once)."""
+        for k in range(first, last + 1):
+            self.announce(k, limit)
 
     @abc.abstractmethod
     def announce(self, t: int, limit: int) -> None:

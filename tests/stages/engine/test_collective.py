@@ -270,17 +270,18 @@ def test_an_adaptive_fixed_c_reads_the_arrivals_live_with_the_same_outcome(tmp_p
 
 
 def interrupt_mid_announcement(monkeypatch, engine_class, after: int) -> list[int]:
-    """Ctrl-C (a real SIGINT to this process) right after the engine announces an iteration
-    past ``after`` that is not the last of the announcements under way; returns [iteration]."""
-    original, hit = engine_class.announce, []
+    """Ctrl-C (a real SIGINT to this process) right after the engine wrote the keys of
+    iterations past ``after`` (a block of them, or the next one), before it counted them as
+    announced; returns [the block's first iteration, its last]."""
+    original, hit = engine_class.announce_block, []
 
-    def announce(self, t: int, limit: int) -> None:
-        original(self, t, limit)
-        if not hit and t > after and (t < self.through or self.through == t == self.begun + 1):
-            hit.append(t)
-            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before announce returns
+    def announce_block(self, first: int, last: int, limit: int) -> None:
+        original(self, first, last, limit)
+        if not hit and first > after:
+            hit.extend([first, last])
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before this returns
 
-    monkeypatch.setattr(engine_class, "announce", announce)
+    monkeypatch.setattr(engine_class, "announce_block", announce_block)
     return hit
 
 
@@ -318,6 +319,7 @@ def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch,
     assert result.log["iteration"] == list(range(len(result.log["iteration"])))
     assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes
     if engine == "collective":  # every replica reached the stop and published what it holds
+        assert hit[1] > hit[0]  # (a block of iterations was announced at once)
         assert sorted(result.extras["replica_digests"]) == ["0", "1", "2", "3"]
         assert result.extras["replicas_identical"] and result.final_eval_loss is not None
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
