@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import struct
 import time
 
 import numpy as np
@@ -56,6 +57,7 @@ STAR_MAX_PARAMS = 250_000  # auto: a star up to this model size (1 MB of float32
 STAR_CROWDED_MAX_PARAMS = 1_000_000  # ... or up to this one with more workers than cores
 LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead, at most
 LOOKAHEAD_S = 0.25  # ... and no more than this much time ahead (a stop waits for them)
+STEP_BATCH = 4  # steps of a fixed c the lowest replica publishes at once, at most
 
 
 # -- store keys of the collective protocol ----------------------------------------------------
@@ -90,6 +92,31 @@ def encode_step(stats: tuple, slots: bytes) -> bytes:
     """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), a newline, then
     the reduced report slots (float32 bytes, :meth:`WorkerReport.from_slots`)."""
     return ",".join(map(repr, stats)).encode() + b"\n" + slots
+
+
+def batch_key(generation: int, t: int) -> str:
+    """Steps of a fixed c (iterations announced ahead) published at once by the lowest replica
+    of ``generation``, from iteration t on (:func:`encode_batch`): the coordinator waits for
+    the batch that starts at the first iteration it has not read."""
+    return f"cbatch/{generation}/{t}"
+
+
+BATCH_ENTRY = struct.Struct("<qI")  # iteration, length of its step
+
+
+def encode_batch(steps: list[tuple[int, bytes]]) -> bytes:
+    """Consecutive (iteration, :func:`encode_step` bytes) in one value."""
+    return b"".join(BATCH_ENTRY.pack(t, len(blob)) + blob for t, blob in steps)
+
+
+def decode_batch(blob: bytes) -> dict[int, bytes]:
+    """iteration -> its step, of an :func:`encode_batch` value."""
+    steps, at = {}, 0
+    while at < len(blob):
+        t, size = BATCH_ENTRY.unpack_from(blob, at)
+        at += BATCH_ENTRY.size
+        steps[t], at = blob[at : at + size], at + size
+    return steps
 
 
 def decode_step(
@@ -245,6 +272,8 @@ class Coordinator(SyncEngine):
         self.finished = False
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
         self.read_steps: dict[int, tuple | None] = {}  # statistics of steps admit read
+        self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
+        self.batch_keys: dict[int, str] = {}  # iteration -> the batch key that starts there
         self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
         self.limit = 0  # the limit last announced
@@ -272,11 +301,10 @@ class Coordinator(SyncEngine):
             stats = self.read_steps.pop(k, None)
             if not read and self.store.check([step_key(k)]):
                 read, stats = True, decode_step(self.store.get(step_key(k)), slots=False)[0]
-            if read:
-                if stats is not None:
-                    n, sq, mean_sq, samples = stats
-                    self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
-                self.store.delete_key(step_key(k))
+                self.store.delete_key(step_key(k))  # (a batch's key goes with its iteration's)
+            if read and stats is not None:
+                n, sq, mean_sq, samples = stats
+                self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
             elif k == t - 1:
                 break
             k += 1
@@ -362,11 +390,15 @@ class Coordinator(SyncEngine):
         return reports
 
     def wait_step(self, t: int) -> bytes | None:
-        """The step the lowest replica publishes after iteration t's all-reduce; None when the
-        iteration failed (a death, a failed all-reduce) or nothing came by the deadline (then
-        the members that did not report a failure are declared hung)."""
+        """The step the lowest replica published after iteration t's all-reduce, in a batch of
+        up to ``STEP_BATCH`` (one round trip per batch, not three per iteration: the last one
+        read holds it, or the next, which starts at t); None when the iteration failed (a
+        death, a failed all-reduce) or nothing came by the deadline (then the members that did
+        not report a failure are declared hung)."""
+        if t in self.batched:
+            return self.batched.pop(t)
         deadline = time.monotonic() + self.cfg.timeout_s
-        key = step_key(t)
+        key = batch_key(self.generation, t)
         while not P.wait_key(self.store, key, 0.05):
             self.poll()
             if self.aborted:
@@ -374,7 +406,9 @@ class Coordinator(SyncEngine):
             if time.monotonic() > deadline:
                 self.handle_failure()
                 return None
-        return self.store.get(key)
+        self.batch_keys[t] = key
+        self.batched = decode_batch(self.store.get(key))
+        return self.batched.pop(t, None)
 
     def new_generation(self, resume: int) -> None:
         members = (np.flatnonzero(self.live) + 1).tolist()
@@ -382,6 +416,7 @@ class Coordinator(SyncEngine):
             return
         self.generation += 1
         self.members = members
+        self.batched = {}  # (the steps of the iterations a new generation runs again)
         self.store.set(generation_key(self.generation), f"{P.encode_members(members)};{resume}")
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
@@ -411,7 +446,8 @@ class Coordinator(SyncEngine):
         )
         announced = [announce_key(t)] if t in self.block_starts else []
         self.block_starts.discard(t)
-        return [*super().iteration_keys(t), *announced, *evaluated, *recorded]
+        batch = [self.batch_keys.pop(t)] if t in self.batch_keys else []
+        return [*super().iteration_keys(t), *announced, *batch, *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):

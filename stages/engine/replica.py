@@ -72,6 +72,7 @@ class Replica(WorkerProcess):
         self.star = self.store.get(C.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
         self.checkpointed = self.store.get(C.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
+        self.unpublished: list[tuple[int, bytes]] = []  # the lowest's steps of a fixed c
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -216,6 +217,7 @@ class Replica(WorkerProcess):
         """Build the group of ``generation`` (every generation after the first also takes the
         lowest member's state); returns the iteration it resumes at. A replica the generation
         leaves out stops."""
+        self.publish_steps()  # (the last generation's, under its key)
         blob = self.store.get(C.generation_key(generation)).decode()
         members, resume = blob.split(";")
         self.members = P.decode_members(members.encode())
@@ -260,7 +262,9 @@ class Replica(WorkerProcess):
         self.steps = int(steps.item())
 
     def recover(self) -> int:
-        """Report the failed all-reduce and join the coordinator's next generation."""
+        """Report the failed all-reduce (after the steps applied before it) and join the
+        coordinator's next generation."""
+        self.publish_steps()
         self.store.append(C.fail_key(self.generation), f"{self.w},")
         P.shutdown(self.group)
         self.group = None
@@ -290,13 +294,27 @@ class Replica(WorkerProcess):
         cfg = self.spec.cfg
         if not self.lowest:
             return
-        slots = self.comm_slots.cpu().numpy().tobytes()
-        self.store.set(C.step_key(t), C.encode_step(self.noise_stats, slots))
+        step = C.encode_step(self.noise_stats, self.comm_slots.cpu().numpy().tobytes())
+        if self.live_arrivals:  # (the coordinator reads the arrivals live, and steps one by one)
+            self.store.set(C.step_key(t), step)
+        else:
+            self.unpublished.append((t, step))
+            if len(self.unpublished) >= C.STEP_BATCH or t >= self.known_through:
+                self.publish_steps()  # (a batch ends at the block's end: the next waits for it)
         if t % cfg.eval_every == 0:
             self.eval_due = t  # evaluated during the next all-reduce, or at the end
         boundary = (t + 1) % cfg.record_batch == 0
         if self.checkpointed and boundary and self.store.check([C.record_key(t + 1)]):
             self.store.set(C.replica_key(t + 1), self.state_bytes())
+
+    def publish_steps(self) -> None:
+        """The steps of a fixed c not yet published, at once, under the key of the first (the
+        coordinator reads them in order); before the replica waits for anything the
+        coordinator does after reading them (its next block, a new generation) and at the end."""
+        if self.unpublished:
+            key = C.batch_key(self.generation, self.unpublished[0][0])
+            self.store.set(key, C.encode_batch(self.unpublished))
+            self.unpublished = []
 
     def evaluate_due(self) -> None:
         """The held-out loss after the iteration it is due at, published by the lowest replica
@@ -308,6 +326,7 @@ class Replica(WorkerProcess):
             self.eval_due = None
 
     def finish(self) -> None:
+        self.publish_steps()
         self.store.set(C.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
         self.store.set(C.digest_key(self.w), digest)
