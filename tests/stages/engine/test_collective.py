@@ -169,20 +169,24 @@ def test_an_online_policy_admits_its_revised_c(tmp_path):
     assert result.extras["replicas_identical"]
 
 
-@pytest.mark.parametrize("allreduce", ["star", "ring"])
-def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path, allreduce):
+@pytest.mark.parametrize(("allreduce", "victim"), [("star", 1), ("ring", 1), ("star", 0)])
+def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path, allreduce, victim):
+    """Worker 0 is the lowest replica: the star's root, and the one whose steps the coordinator
+    reads (a batch it had not published dies with it)."""
     cfg = collective_config(iterations=20, stragglers="synthetic:base_s=0.005",
                             allreduce=allreduce)  # fmt: skip
     policy = RecordingStatic(4)
-    result = run_engine(cfg, policy, tmp_path / "traces", kill_worker_at(8, "bdsgd-worker-1"))
+    kill = kill_worker_at(8, f"bdsgd-worker-{victim}")
+    result = run_engine(cfg, policy, tmp_path / "traces", kill)
     assert result.log["iteration"] == list(range(cfg.iterations))
-    assert list(result.dead_workers) == [1]
+    assert list(result.dead_workers) == [victim]
     assert result.log["workers"][-1] == 3 and result.log["c"][-1] == 3
-    assert sorted(result.extras["replica_digests"]) == ["0", "2", "3"]
+    survivors = [str(w) for w in range(4) if w != victim]
+    assert sorted(result.extras["replica_digests"]) == survivors
     assert result.extras["replicas_identical"]
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
     rows = TraceStore(tmp_path / "traces").read()
-    assert rows.filter(pl.col("worker") == 1)["iteration"].max() <= result.dead_workers[1]
+    assert rows.filter(pl.col("worker") == victim)["iteration"].max() <= result.dead_workers[victim]
 
 
 @pytest.mark.parametrize(("allreduce", "hung"), [("ring", 2), ("star", 2), ("star", 0)])
