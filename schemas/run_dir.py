@@ -87,11 +87,14 @@ def check_output_dir(
         raise ConfigError(f"cannot write --out {out}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write --out {out}: {existing} is not writable")
-    names = (
-        {p.name for p in out.iterdir() if not p.name.startswith(".tmp-")}
-        if existing == out
-        else set()
-    )
+    try:
+        names = (
+            {p.name for p in out.iterdir() if not p.name.startswith(".tmp-")}
+            if existing == out
+            else set()
+        )
+    except OSError as exc:  # (unreadable: what it holds cannot be checked)
+        raise ConfigError(f"cannot write --out {out}: {exc.strerror or exc}") from None
     if names and not (names <= set(before_marker) or written_as(out / marker, kind)):
         raise ConfigError(
             f"--out {out} is not empty and not an earlier {kind}'s output: pass a new or empty "

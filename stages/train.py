@@ -237,7 +237,11 @@ def prepare_run_dir(cfg: TrainConfig, run_id: str | None = None) -> Callable[[],
     out = cfg.out
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory")
-    if not cfg.force and out.is_dir() and any(out.iterdir()):
+    try:
+        holds = out.is_dir() and any(out.iterdir())
+    except OSError as exc:  # (unreadable: what it holds cannot be checked)
+        raise ConfigError(f"cannot read the run directory {out}: {exc.strerror or exc}") from None
+    if not cfg.force and holds:
         if (out / STATE_FILE).exists():
             raise ConfigError(
                 f"--out {out} already holds a run: pass --resume {out}, another --out, or "

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from schemas.run_dir import check_output_dir
 from stages.errors import ConfigError
 from stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
 
@@ -127,3 +128,19 @@ def test_a_tampered_config_is_one_error(tmp_path, content):
 def test_non_finite_numbers_are_refused(tmp_path, bad, needle):
     with pytest.raises(ConfigError, match=needle):
         config(tmp_path, **bad)
+
+
+def test_an_unreadable_out_is_one_line(tmp_path, monkeypatch):
+    """(Reading a directory's names fails as a user without read permission on it would:
+    these tests run as root, which chmod does not stop.)"""
+    cfg = config(tmp_path)
+    cfg.out.mkdir()
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(cfg.out), "iterdir", unreadable)
+    with pytest.raises(ConfigError, match="cannot read the run directory .*: Permission denied"):
+        prepare_run_dir(cfg)
+    with pytest.raises(ConfigError, match="cannot write --out .*: Permission denied"):
+        check_output_dir(cfg.out, "report.json", "report", "report.md")
