@@ -28,9 +28,11 @@ by iteration, which the replay cannot measure: before each sync iteration t the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 
 from schemas.run_dir import ITERATIONS, SUMMARY, check_output_dir
+from stages.console import console, progress
 from stages.errors import ConfigError
 from stages.goodput import NoiseSchedule
 from stages.policies.base import Policy
@@ -425,9 +428,15 @@ def compare(
     )
     policies = [make_policy(spec, n, **kwargs) for spec in specs]
     noise = noise_schedule(config)
-    oracle = replay(make_policy("oracle", n), run, start, config.overhead_s, noise)
+    with shown(f"simulate {run.runtimes.shape[0] - start} iterations", len(policies) + 1) as step:
+        step(0, "oracle")
+        oracle = replay(make_policy("oracle", n), run, start, config.overhead_s, noise)
+        replays = []
+        for p in policies:
+            step(1, p.name)
+            replays.append(replay(p, run, start, config.overhead_s, noise))
+        step(1, "")
     oracle_throughput = oracle.metrics(1.0)["throughput"]
-    replays = [replay(p, run, start, config.overhead_s, noise) for p in policies]
     metrics = {r.name: r.metrics(oracle_throughput) for r in replays}
     for policy, r in zip(policies, replays, strict=True):
         if (checked := self_check_report(policy)) is not None:
@@ -443,6 +452,19 @@ def load_run(config: SimulateConfig) -> RunMatrix:
     return store.run_matrix(config.run_id if config.run_id is not None else store.latest_run_id())
 
 
+@contextlib.contextmanager
+def shown(description: str, total: int) -> Iterator[Callable[[int, str], None]]:
+    """A progress bar on a terminal, for work that can take minutes (a long run replayed
+    through every policy, a large ``--sample``); nothing where stderr is a log or a pipe.
+    Yields ``step(done, status)``: ``done`` more steps, then what runs now."""
+    if not console.is_terminal:
+        yield lambda done, status: None
+        return
+    with progress() as bar:
+        task = bar.add_task(description, total=total, status="")
+        yield lambda done, status: bar.update(task, advance=done, status=status)
+
+
 def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
     """T iterations of joint run-times drawn from the fitted model, each fed back to its filter
     as an uncensored observation (the model generating a run of its own). Its random stream is
@@ -451,10 +473,13 @@ def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
 
     predictor = load_predictor(checkpoint, seed=seed + SAMPLE_SEED_OFFSET)
     rows = []
-    for _ in range(iterations):
-        x = predictor.sample(1)[0].detach().cpu().numpy().astype(float)
-        predictor.observe(x, np.zeros(x.shape, dtype=bool))
-        rows.append(x)
+    with shown("sampling from the model", iterations) as step:
+        for k in range(iterations):
+            x = predictor.sample(1)[0].detach().cpu().numpy().astype(float)
+            predictor.observe(x, np.zeros(x.shape, dtype=bool))
+            rows.append(x)
+            if (k + 1) % 100 == 0 or k + 1 == iterations:
+                step(100 if (k + 1) % 100 == 0 else iterations % 100, "")
     runtimes = np.stack(rows)
     hosts = tuple(getattr(predictor, "hosts", None) or ["unknown"] * runtimes.shape[1])
     full = np.ones(runtimes.shape, dtype=bool)

@@ -311,3 +311,19 @@ def test_an_online_policy_ends_the_iteration_at_its_revised_c(c, revised):
     assert ticks == pytest.approx([1.0, 1.05, 1.1, 1.2, 1.4, 1.8][: len(ticks)]) and ticks
     runtimes, censored = policy.seen[0]
     assert censored.sum() == 4 - revised and np.all(runtimes[censored] == float(revised))
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_long_work_shows_progress_on_a_terminal_alone(monkeypatch, capsys, terminal):
+    """A replay through every policy, or a large --sample, shows a bar on a terminal; in a log
+    or a pipe stderr stays as it was (simulate's output there is its table)."""
+    from stages import simulate as S
+
+    monkeypatch.setattr(type(S.console), "is_terminal", property(lambda self: terminal))
+    with S.shown("replaying", 3) as step:
+        step(0, "oracle")
+        step(2, "full")
+        step(1, "")
+    err = capsys.readouterr().err
+    assert ("replaying" in err and "3/3" in err) is terminal
+    assert (err == "") is not terminal
