@@ -48,7 +48,10 @@ def sigterm_as_ctrl_c(terminated: list[bool]):
     Ctrl-C does: it is turned into a SIGINT to this process, so a run ends after the iteration
     under way, with its traces, iteration log and checkpoint in agreement. ``terminated`` gets a
     True when it came. (The spawned workers ignore both: the engine tells them to stop.)"""
-    if threading.current_thread() is not threading.main_thread():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # (a background job's: SIGTERM
+    ):  # would be relayed to nothing; it keeps its default, which ends the process)
         yield
         return
 

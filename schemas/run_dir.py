@@ -94,7 +94,7 @@ def check_output_dir(
             else set()
         )
     except OSError as exc:  # (unreadable: what it holds cannot be checked)
-        raise ConfigError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot read --out {out}: {exc.strerror or exc}") from None
     if names and not (names <= set(before_marker) or written_as(out / marker, kind)):
         raise ConfigError(
             f"--out {out} is not empty and not an earlier {kind}'s output: pass a new or empty "

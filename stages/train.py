@@ -350,7 +350,7 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
             f"{cfg.out} has already run {int(state['next_iteration'])} iterations: pass "
             f"--iterations above that to extend it"
         )
-    if (reason := StopRule(cfg, state.get("log")).met(state.get("log"))) is not None:
+    if (reason := StopRule(cfg, state.get("log")).met()) is not None:
         raise ConfigError(f"{cfg.out} has already stopped: {reason} (a resumed run keeps them)")
 
 
@@ -499,17 +499,20 @@ class StopRule:
         self.reason = "iterations"
         for loss in (log or {}).get("loss", []):
             self.loss.add(loss)
-
-    def met(self, log: dict | None) -> str | None:
-        """Why a resumed run with iteration log ``log`` (as given to the constructor) would stop
-        at once: its smoothed loss already reached ``--target-loss`` (with
-        ``--stop-at-target``), or its wall clock ``--max-wall-s``; None if neither."""
         walls = (log or {}).get("wall_s") or []
+        self.wall_s = walls[-1] if walls else 0.0  # (a resumed run's clock so far)
+
+    def met(self) -> str | None:
+        """Why the run of the log given to the constructor (a resumed one) would stop at once:
+        its smoothed loss already reached ``--target-loss`` (with ``--stop-at-target``), or its
+        wall clock ``--max-wall-s``; None if neither. (A run that stopped at its target may
+        have recorded a few announced iterations after it, whose loss can lift the smoothed
+        one back above it: that run resumes.)"""
         smooth = self.loss.value
         if self.target is not None and smooth is not None and smooth <= self.target:
             return f"its smoothed loss {smooth:.4g} reached --target-loss {self.target:g}"
-        if self.max_wall_s is not None and walls and walls[-1] >= self.max_wall_s:
-            return f"its wall clock {walls[-1]:.1f} s reached --max-wall-s {self.max_wall_s:g}"
+        if self.max_wall_s is not None and self.wall_s >= self.max_wall_s:
+            return f"its wall clock {self.wall_s:.1f} s reached --max-wall-s {self.max_wall_s:g}"
         return None
 
     def __call__(self, row: dict) -> None:

@@ -94,18 +94,14 @@ def encode_step(stats: tuple, slots: bytes) -> bytes:
     return ",".join(map(repr, stats)).encode() + b"\n" + slots
 
 
-def batch_key(generation: int, t: int) -> str:
-    """Steps of a fixed c (iterations announced ahead) published at once by the lowest replica
-    of ``generation``, from iteration t on (:func:`encode_batch`): the coordinator waits for
-    the batch that starts at the first iteration it has not read."""
-    return f"cbatch/{generation}/{t}"
-
-
 BATCH_ENTRY = struct.Struct("<qI")  # iteration, length of its step
 
 
 def encode_batch(steps: list[tuple[int, bytes]]) -> bytes:
-    """Consecutive (iteration, :func:`encode_step` bytes) in one value."""
+    """Consecutive (iteration, :func:`encode_step` bytes) in one value: the lowest replica
+    publishes a fixed c's steps up to ``STEP_BATCH`` at once, each under its own
+    :func:`step_key` holding it and the later ones of its batch, so whichever key the
+    coordinator waits for (the first it has not read) hands it the rest too."""
     return b"".join(BATCH_ENTRY.pack(t, len(blob)) + blob for t, blob in steps)
 
 
@@ -273,7 +269,6 @@ class Coordinator(SyncEngine):
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
         self.read_steps: dict[int, tuple | None] = {}  # statistics of steps admit read
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
-        self.batch_keys: dict[int, str] = {}  # iteration -> the batch key that starts there
         self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
         self.limit = 0  # the limit last announced
@@ -390,15 +385,17 @@ class Coordinator(SyncEngine):
         return reports
 
     def wait_step(self, t: int) -> bytes | None:
-        """The step the lowest replica published after iteration t's all-reduce, in a batch of
-        up to ``STEP_BATCH`` (one round trip per batch, not three per iteration: the last one
-        read holds it, or the next, which starts at t); None when the iteration failed (a
-        death, a failed all-reduce) or nothing came by the deadline (then the members that did
-        not report a failure are declared hung)."""
+        """The step the lowest replica published after iteration t's all-reduce, read with the
+        rest of its batch (one wait and one get per batch of up to ``STEP_BATCH``, not three
+        round trips per iteration); None when the iteration failed (a death, a failed
+        all-reduce) or nothing came by the deadline (then the members that did not report a
+        failure are declared hung). A batch may wait for all its iterations: the deadline is
+        one ``--timeout`` for each iteration it may hold."""
         if t in self.batched:
             return self.batched.pop(t)
-        deadline = time.monotonic() + self.cfg.timeout_s
-        key = batch_key(self.generation, t)
+        held = min(STEP_BATCH, max(self.announced - t + 1, 1))
+        deadline = time.monotonic() + self.cfg.timeout_s * held
+        key = step_key(t)
         while not P.wait_key(self.store, key, 0.05):
             self.poll()
             if self.aborted:
@@ -406,7 +403,6 @@ class Coordinator(SyncEngine):
             if time.monotonic() > deadline:
                 self.handle_failure()
                 return None
-        self.batch_keys[t] = key
         self.batched = decode_batch(self.store.get(key))
         return self.batched.pop(t, None)
 
@@ -416,7 +412,7 @@ class Coordinator(SyncEngine):
             return
         self.generation += 1
         self.members = members
-        self.batched = {}  # (the steps of the iterations a new generation runs again)
+        self.batched = {}  # (a new generation may run them again: read what it publishes)
         self.store.set(generation_key(self.generation), f"{P.encode_members(members)};{resume}")
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
@@ -446,8 +442,9 @@ class Coordinator(SyncEngine):
         )
         announced = [announce_key(t)] if t in self.block_starts else []
         self.block_starts.discard(t)
-        batch = [self.batch_keys.pop(t)] if t in self.batch_keys else []
-        return [*super().iteration_keys(t), *announced, *batch, *evaluated, *recorded]
+        # (a fixed c's step keys are read, not deleted, by admit: online, read_noise deletes)
+        steps = [] if self.reads_arrivals else [step_key(t)]
+        return [*super().iteration_keys(t), *announced, *steps, *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):

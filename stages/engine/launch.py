@@ -13,6 +13,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,6 +193,9 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
     worker loop to run."""
     tr.check(cfg.workers)
     P.quiet_c10d_logs()
+    # torchrun's agent ends its ranks with SIGTERM (SIGKILL 30 s later): a worker rank ignores
+    # SIGINT, so the command's relay of SIGTERM to SIGINT would hold it for those 30 s
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         kind = P.open_store(tr.addr, tr.port, False, cfg.timeout_s).get(A.MODE_KEY).decode()
     except dist.DistError:

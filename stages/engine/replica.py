@@ -217,7 +217,7 @@ class Replica(WorkerProcess):
         """Build the group of ``generation`` (every generation after the first also takes the
         lowest member's state); returns the iteration it resumes at. A replica the generation
         leaves out stops."""
-        self.publish_steps()  # (the last generation's, under its key)
+        self.publish_steps()  # (the last generation's)
         blob = self.store.get(C.generation_key(generation)).decode()
         members, resume = blob.split(";")
         self.members = P.decode_members(members.encode())
@@ -308,12 +308,14 @@ class Replica(WorkerProcess):
             self.store.set(C.replica_key(t + 1), self.state_bytes())
 
     def publish_steps(self) -> None:
-        """The steps of a fixed c not yet published, at once, under the key of the first (the
-        coordinator reads them in order); before the replica waits for anything the
-        coordinator does after reading them (its next block, a new generation) and at the end."""
+        """The steps of a fixed c not yet published, in one round trip, each under its own key
+        (:func:`stages.engine.collective.encode_batch`); before the replica waits for anything
+        the coordinator does after reading them (its next block, a new generation) and at the
+        end."""
         if self.unpublished:
-            key = C.batch_key(self.generation, self.unpublished[0][0])
-            self.store.set(key, C.encode_batch(self.unpublished))
+            steps = self.unpublished
+            keys = [C.step_key(t) for t, _ in steps]
+            self.store.multi_set(keys, [C.encode_batch(steps[i:]) for i in range(len(steps))])
             self.unpublished = []
 
     def evaluate_due(self) -> None:

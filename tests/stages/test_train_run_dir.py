@@ -142,5 +142,5 @@ def test_an_unreadable_out_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(type(cfg.out), "iterdir", unreadable)
     with pytest.raises(ConfigError, match="cannot read the run directory .*: Permission denied"):
         prepare_run_dir(cfg)
-    with pytest.raises(ConfigError, match="cannot write --out .*: Permission denied"):
+    with pytest.raises(ConfigError, match="cannot read --out .*: Permission denied"):
         check_output_dir(cfg.out, "report.json", "report", "report.md")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 
 import numpy as np
 import polars as pl
@@ -187,6 +188,30 @@ def test_a_killed_replica_is_excluded_and_the_survivors_stay_identical(tmp_path,
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
     rows = TraceStore(tmp_path / "traces").read()
     assert rows.filter(pl.col("worker") == victim)["iteration"].max() <= result.dead_workers[victim]
+
+
+def test_a_replica_killed_while_the_coordinator_lags_behind_is_regrouped(tmp_path):
+    """The coordinator lags (half a second in its callback) while the replicas finish the
+    block announced ahead and wait for the next; a worker killed then is found between
+    iterations, and the survivors learn of the regrouping from the next announcement. (With the
+    steps keyed by generation, the coordinator waited for steps of the new one that no replica
+    would publish, and declared them all hung.)"""
+    cfg = collective_config(iterations=30, stragglers="synthetic:base_s=0.02", allreduce="ring",
+                            timeout_s=10.0)  # fmt: skip
+
+    def on_iteration(t: int, row: dict) -> None:
+        if t == 10:
+            time.sleep(0.5)  # (the replicas run ahead to the end of their block meanwhile)
+            victim = [p for p in multiprocessing.active_children() if p.name == "bdsgd-worker-2"]
+            victim[0].kill()
+            victim[0].join(5)
+
+    result = run_engine(cfg, RecordingStatic(4), tmp_path / "traces", on_iteration)
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert list(result.dead_workers) == [2]
+    assert result.log["workers"][-1] == 3 and result.log["c"][-1] == 3
+    assert sorted(result.extras["replica_digests"]) == ["0", "1", "3"]
+    assert result.extras["replicas_identical"]
 
 
 @pytest.mark.parametrize(("allreduce", "hung"), [("ring", 2), ("star", 2), ("star", 0)])
