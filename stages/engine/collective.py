@@ -273,6 +273,7 @@ class Coordinator(SyncEngine):
         self.records: set[int] = set()  # iterations after which the rows and state are written
         self.limit = 0  # the limit last announced
         self.block_starts: set[int] = set()  # iterations whose announcement keys were written
+        self.cuttable: set[int] = set()  # iterations announced with c below the live count
 
     def connect(self) -> None:
         super().connect()
@@ -343,6 +344,8 @@ class Coordinator(SyncEngine):
         self.store.set(announce_key(first), str(code))
         self.store.set(P.go_key(first), f"{self.generation},{self.limit},{live}")
         self.block_starts.add(first)
+        if self.limit < len(self.members):  # the replicas take tickets, and cut
+            self.cuttable.update(range(first, last + 1))
 
     @property
     def reads_arrivals(self) -> bool:
@@ -440,11 +443,17 @@ class Coordinator(SyncEngine):
         recorded = (
             [record_key(t + 1), replica_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
         )
-        announced = [announce_key(t)] if t in self.block_starts else []
-        self.block_starts.discard(t)
-        # (a fixed c's step keys are read, not deleted, by admit: online, read_noise deletes)
-        steps = [] if self.reads_arrivals else [step_key(t)]
-        return [*super().iteration_keys(t), *announced, *steps, *evaluated, *recorded]
+        if self.reads_arrivals:  # (announced one by one, tickets read live; read_noise deletes
+            base = super().iteration_keys(t)  # the step key)
+        else:  # only the keys a fixed c's iteration made: a delete is a round trip, made or not
+            announced = [P.go_key(t)] if t in self.block_starts else []
+            cut = [P.ticket_key(t), P.cut_key(t)] if t in self.cuttable else []
+            base = [*announced, *cut, step_key(t)]
+        self.cuttable.discard(t)
+        if t in self.block_starts:
+            base.append(announce_key(t))
+            self.block_starts.discard(t)
+        return [*base, *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):
