@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from stages.errors import BdsgdError
+from stages.stop import STOP_REQUESTED
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -47,16 +48,18 @@ def sigterm_as_ctrl_c(terminated: list[bool]):
     """SIGTERM (``kill``, a batch scheduler's preemption, ``docker stop``) stops a command as
     Ctrl-C does: it is turned into a SIGINT to this process, so a run ends after the iteration
     under way, with its traces, iteration log and checkpoint in agreement. ``terminated`` gets a
-    True when it came. (The spawned workers ignore both: the engine tells them to stop.)"""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # (a background job's: SIGTERM
-    ):  # would be relayed to nothing; it keeps its default, which ends the process)
+    True when it came. Where SIGINT is ignored (a background job of a shell script) the SIGTERM
+    still stops it: raised at once outside a block that defers Ctrl-C, at the block's end inside
+    one. (The spawned workers ignore both: the engine tells them to stop.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def relay(signum, frame) -> None:
         terminated.append(True)
+        STOP_REQUESTED[0] = True
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            raise KeyboardInterrupt  # (no block defers it: a deferring block holds SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
 
     previous = signal.signal(signal.SIGTERM, relay)

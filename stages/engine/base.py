@@ -29,6 +29,7 @@ from stages.engine.janitor import KeyJanitor
 from stages.engine.report import WorkerReport
 from stages.errors import WorkerError
 from stages.policies.base import Policy
+from stages.stop import STOP_REQUESTED
 from stages.store import TraceWriter
 from stages.workloads import Workload
 
@@ -80,8 +81,8 @@ def interrupts_deferred() -> Iterator[None]:
     # the block ended normally (an error it raised goes on as it is, not as a Ctrl-C)
     if caught and callable(previous):  # the handler before it (Python's raises KeyboardInterrupt)
         previous(signal.SIGINT, None)
-    elif caught and previous is not signal.SIG_IGN:
-        raise KeyboardInterrupt
+    elif caught and (previous is not signal.SIG_IGN or STOP_REQUESTED[0]):
+        raise KeyboardInterrupt  # (Ctrl-C, or a SIGTERM where SIGINT is ignored)
 
 
 def interrupt_held() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import pytest
@@ -20,12 +21,27 @@ def test_sigterm_becomes_a_ctrl_c_and_the_handler_is_restored():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_where_sigint_is_ignored_sigterm_keeps_its_default():
-    """A background job of a non-interactive shell starts with SIGINT ignored: a relayed SIGINT
-    would be lost, and SIGTERM would no longer end the process."""
+@pytest.mark.parametrize("deferred", [False, True])
+def test_where_sigint_is_ignored_sigterm_still_stops(deferred):
+    """A background job of a shell script starts with SIGINT ignored: a relayed SIGINT would be
+    lost. The SIGTERM is raised at once, or at the end of a block that defers Ctrl-C (which
+    drops a SIGINT there)."""
+    from stages.engine.base import interrupts_deferred
+    from stages.stop import STOP_REQUESTED
+
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    terminated: list[bool] = []
+    reached_the_end = []
     try:
-        with sigterm_as_ctrl_c([]):
-            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c(terminated):
+            block = interrupts_deferred() if deferred else contextlib.nullcontext()
+            with block:
+                signal.raise_signal(signal.SIGTERM)
+                for _ in range(1000):
+                    pass
+                reached_the_end.append(True)
     finally:
         signal.signal(signal.SIGINT, previous)
+        STOP_REQUESTED[0] = False
+    assert terminated == [True]
+    assert reached_the_end == ([True] if deferred else [])  # the block ran whole

@@ -280,8 +280,13 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
 
 
 def start_train(
-    tmp: Path, iterations: int, policy: str = "static:2", stragglers: str | None = None
+    tmp: Path,
+    iterations: int,
+    policy: str = "static:2",
+    stragglers: str | None = None,
+    sigint_ignored: bool = False,
 ) -> subprocess.Popen:
+    """``sigint_ignored``: as a shell script starts a background job (``bdsgd train ... &``)."""
     if stragglers is None:
         stragglers = f"replay:{write_replay_trace(tmp / 'replay', [[0.02, 0.01, 0.015]])}"
     return subprocess.Popen(
@@ -309,6 +314,9 @@ def start_train(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
 
 
@@ -326,10 +334,12 @@ def interrupt_train(
     iterations: int = 400,
     stragglers: str | None = None,
     signum: int = signal.SIGINT,
+    sigint_ignored: bool = False,
 ) -> tuple[subprocess.Popen, str, list[int]]:
     """Start a train, Ctrl-C (or ``signum``) its process group once a checkpoint is written;
     returns the process, its stderr and the worker pids it had."""
-    proc = start_train(tmp, iterations=iterations, policy=policy, stragglers=stragglers)
+    proc = start_train(tmp, iterations=iterations, policy=policy, stragglers=stragglers,
+                       sigint_ignored=sigint_ignored)  # fmt: skip
     try:
         wait_until(lambda: (tmp / "run" / "server_state.pt").exists(), 60, "a checkpoint")
         workers = [p for p in children_of(proc.pid) if running(p)]
@@ -457,12 +467,19 @@ def test_ctrl_c_keeps_what_was_written(tmp_path):
     wait_until(lambda: not any(map(running, workers)), 10, "no process left behind")
 
 
-@pytest.mark.parametrize("engine_policy", ["static:2", "adasync"])
-def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does(tmp_path, engine_policy):
+@pytest.mark.parametrize(
+    ("engine_policy", "sigint_ignored"),
+    [("static:2", False), ("adasync", False), ("static:2", True)],
+)
+def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does(
+    tmp_path, engine_policy, sigint_ignored
+):
     """A scheduler's preemption: SIGTERM to every process of the run. The workers outlive it
     (they ignore it) until the engine stops them, the run is recorded whole, exit 143, and it
-    resumes."""
-    proc, stderr, workers = interrupt_train(tmp_path, engine_policy, signum=signal.SIGTERM)
+    resumes. Also where SIGINT is ignored (a shell script's background job), where a relayed
+    SIGINT would be lost."""
+    proc, stderr, workers = interrupt_train(tmp_path, engine_policy, signum=signal.SIGTERM,
+                                            sigint_ignored=sigint_ignored)  # fmt: skip
     assert proc.returncode == 143, stderr
     assert stderr.strip().splitlines()[-1].startswith("error: terminated (SIGTERM)")
     assert "Traceback" not in stderr
