@@ -297,10 +297,11 @@ class Coordinator(SyncEngine):
             stats = self.read_steps.pop(k, None)
             if not read and self.store.check([step_key(k)]):
                 read, stats = True, decode_step(self.store.get(step_key(k)), slots=False)[0]
-                self.store.delete_key(step_key(k))  # (a batch's key goes with its iteration's)
-            if read and stats is not None:
-                n, sq, mean_sq, samples = stats
-                self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
+                self.store.delete_key(step_key(k))  # (online: a fixed c's goes to the janitor)
+            if read:
+                if stats is not None:  # (None: the step applied nothing)
+                    n, sq, mean_sq, samples = stats
+                    self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
             elif k == t - 1:
                 break
             k += 1
