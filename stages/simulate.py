@@ -478,8 +478,9 @@ def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
             x = predictor.sample(1)[0].detach().cpu().numpy().astype(float)
             predictor.observe(x, np.zeros(x.shape, dtype=bool))
             rows.append(x)
-            if (k + 1) % 100 == 0 or k + 1 == iterations:
-                step(100 if (k + 1) % 100 == 0 else iterations % 100, "")
+            if (k + 1) % 100 == 0:
+                step(100, "")
+        step(iterations % 100, "")
     runtimes = np.stack(rows)
     hosts = tuple(getattr(predictor, "hosts", None) or ["unknown"] * runtimes.shape[1])
     full = np.ones(runtimes.shape, dtype=bool)

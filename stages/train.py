@@ -114,6 +114,9 @@ class TrainConfig:
     force: bool = False
     """Write into an ``out`` that is neither empty nor a new path (a previous run's files there
     are replaced)."""
+    run_id: str | None = None
+    """The run whose checkpoints the run directory holds: not a flag, set when the directory is
+    made, read back by ``--resume`` (None in a directory written before it was)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.iterations < 1:
@@ -185,7 +188,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     variant(engine_cfg, policy)  # (the engine that runs the policy takes the other flags)
     if state:
         check_resumable(state, cfg, engine_cfg, policy)
-    undo = prepare_run_dir(cfg, run_id) if not resume else None
+    undo = prepare_run_dir(dataclasses.replace(cfg, run_id=run_id)) if not resume else None
     undo_store = None
     try:
         undo_store = TraceStore(cfg.traces).check_writable()
@@ -224,16 +227,14 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
     return summary
 
 
-RUN_ID_KEY = "run_id"  # config.json: the run whose checkpoints the directory holds
 RUN_FILES = (STATE_FILE, "summary.json", "iterations.parquet")
 """What a previous run left in a run directory (``--force`` removes them and the iteration-log
 segments under ``log/``, nothing else)."""
 
 
-def prepare_run_dir(cfg: TrainConfig, run_id: str | None = None) -> Callable[[], None]:
-    """Create the run directory and write its config (with ``run_id``: the run its checkpoints
-    belong to); returns what undoes that. ``out`` must be a new path or an empty directory,
-    unless ``force``."""
+def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
+    """Create the run directory and write its config; returns what undoes that. ``out`` must be
+    a new path or an empty directory, unless ``force``."""
     out = cfg.out
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory")
@@ -257,8 +258,7 @@ def prepare_run_dir(cfg: TrainConfig, run_id: str | None = None) -> Callable[[],
         for name in RUN_FILES:  # a previous run's (--force): never mixed with this one's
             (out / name).unlink(missing_ok=True)
         remove_segments(out)
-        written = {**cfg.to_json(), **({RUN_ID_KEY: run_id} if run_id else {})}
-        write_atomic(out / CONFIG_FILE, json.dumps(written, indent=2).encode())
+        write_atomic(out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
     except OSError as exc:
         raise ConfigError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
 
@@ -323,10 +323,9 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
     as the config says, enough of them alive, and iterations are left to run (a finished run is
     not run again: its summary stays)."""
     path, kind = cfg.out / STATE_FILE, variant(engine, policy)
-    started = written_run_id(cfg.out)
-    if started is not None and state.get("run_id") != started:
+    if cfg.run_id is not None and state.get("run_id") != cfg.run_id:
         raise CheckpointError(
-            f"{path} belongs to run {state.get('run_id')}, not to {started}, which "
+            f"{path} belongs to run {state.get('run_id')}, not to {cfg.run_id}, which "
             f"{cfg.out / CONFIG_FILE} was started for: it was copied from another run directory"
         )
     if state.get("engine") != kind:
@@ -352,15 +351,6 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
         )
     if (reason := StopRule(cfg, state.get("log")).met()) is not None:
         raise ConfigError(f"{cfg.out} has already stopped: {reason} (a resumed run keeps them)")
-
-
-def written_run_id(run_dir: Path) -> str | None:
-    """The run id ``run_dir``'s config names (None for a directory written before it did)."""
-    try:
-        value = json.loads((run_dir / CONFIG_FILE).read_text()).get(RUN_ID_KEY)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
 
 
 def replay_async_history(policy: Policy, traces: Path, run_id: str, state: dict) -> None:
@@ -557,7 +547,6 @@ def resume_config(
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a train config")
     check_resumed_workload(path, data.get("workload", "mlp"), workload)
-    data.pop(RUN_ID_KEY, None)  # (check_resumable compares it with the checkpoint's)
     overrides: dict = {"out": run_dir}  # (where it is now: it may have been moved)
     if iterations:
         overrides["iterations"] = iterations

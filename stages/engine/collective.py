@@ -444,17 +444,16 @@ class Coordinator(SyncEngine):
         recorded = (
             [record_key(t + 1), replica_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
         )
-        if self.reads_arrivals:  # (announced one by one, tickets read live; read_noise deletes
-            base = super().iteration_keys(t)  # the step key)
-        else:  # only the keys a fixed c's iteration made: a delete is a round trip, made or not
-            announced = [P.go_key(t)] if t in self.block_starts else []
-            cut = [P.ticket_key(t), P.cut_key(t)] if t in self.cuttable else []
-            base = [*announced, *cut, step_key(t)]
+        started, cut = t in self.block_starts, t in self.cuttable
+        self.block_starts.discard(t)
         self.cuttable.discard(t)
-        if t in self.block_starts:
-            base.append(announce_key(t))
-            self.block_starts.discard(t)
-        return [*base, *evaluated, *recorded]
+        announced = [announce_key(t)] if started else []
+        if self.reads_arrivals:  # (announced one by one, tickets read live; read_noise deletes
+            return [*super().iteration_keys(t), *announced, *evaluated, *recorded]  # the step)
+        # a fixed c: only the keys its iteration made (a delete is a round trip, made or not)
+        made = [P.go_key(t)] if started else []
+        made += [P.ticket_key(t), P.cut_key(t)] if cut else []
+        return [*made, *announced, step_key(t), *evaluated, *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):

@@ -47,6 +47,7 @@ class SyncEngine(Engine):
         self.holes = 0  # tickets of the iteration under way skipped: their holders died unnamed
         self.tickets = 0  # tickets of the iteration under way that may hold a report
         self.arrival_read = 0.0  # when the last arrival was handed to the driver
+        self.peeked: tuple[str, WorkerReport] | None = None  # a report read before its turn
         self.stopping = False  # after a stop (Ctrl-C, a stop rule): announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
@@ -179,7 +180,9 @@ class SyncEngine(Engine):
         return reports
 
     def take(self, t: int, ticket: int, reports: list[WorkerReport]) -> WorkerReport:
-        report = WorkerReport.decode(self.store.get(P.arrival_key(t, ticket)))
+        key = P.arrival_key(t, ticket)
+        peeked, self.peeked = self.peeked, None
+        report = peeked[1] if peeked and peeked[0] == key else self.read_report(key)
         reports.append(report)
         self.admitted(ticket, report)
         return report
@@ -231,7 +234,13 @@ class SyncEngine(Engine):
         next tick: as the simulator orders them, that arrival is taken first; a later one comes
         after the tick is asked."""
         tick = self.driver.next_tick
-        return tick is None or WorkerReport.decode(self.store.get(key)).runtime_s <= tick
+        if tick is None:
+            return True
+        self.peeked = (key, self.read_report(key))  # (taken next, if it comes first: read once)
+        return self.peeked[1].runtime_s <= tick
+
+    def read_report(self, key: str) -> WorkerReport:
+        return WorkerReport.decode(self.store.get(key))
 
     def tick_due(self) -> float:
         """The present for the driver while waiting: a tick that is due is asked at its own time,
@@ -272,7 +281,7 @@ class SyncEngine(Engine):
         later = []
         k = ticket + 1
         while self.store.check([P.arrival_key(t, k)]):
-            later.append(WorkerReport.decode(self.store.get(P.arrival_key(t, k))).worker)
+            later.append(self.read_report(P.arrival_key(t, k)).worker)
             k += 1
         holders = np.zeros_like(self.live)
         holders[later] = True

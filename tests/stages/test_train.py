@@ -181,16 +181,19 @@ def test_resume_refuses_a_checkpoint_copied_from_another_run(tmp_path):
     """The run directory's config names the run it was started for; a checkpoint of another
     run (same engine, same N) is refused. A directory written before config.json named it
     resumes as before."""
-    cfg = config(tmp_path)
+    cfg = config(tmp_path, run_id="train-mine")
     policy = build_policy(cfg, ("h",) * 4)
-    prepare_run_dir(cfg, "train-mine")
-    assert resume_config(cfg.out) == cfg  # (the run id is not a setting)
+    prepare_run_dir(cfg)
+    cfg = resume_config(cfg.out)
+    assert cfg.run_id == "train-mine"
     with pytest.raises(CheckpointError, match="belongs to run train-other, not to train-mine"):
         check_resumable({**resumable("collective"), "run_id": "train-other"}, cfg,
                         cfg.engine_settings("train-other"), policy)  # fmt: skip
     check_resumable({**resumable("collective"), "run_id": "train-mine"}, cfg,
                     cfg.engine_settings("train-mine"), policy)  # fmt: skip
-    (cfg.out / "config.json").write_text(json.dumps(cfg.to_json()))  # an older run directory
+    older = {k: v for k, v in cfg.to_json().items() if k != "run_id"}  # written before it was
+    (cfg.out / "config.json").write_text(json.dumps(older))
+    cfg = resume_config(cfg.out)
     check_resumable({**resumable("collective"), "run_id": "train-other"}, cfg,
                     cfg.engine_settings("train-other"), policy)  # fmt: skip
 
