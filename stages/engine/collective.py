@@ -38,6 +38,7 @@ import io
 import os
 import struct
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -55,9 +56,9 @@ ALLREDUCE_KEY = "callreduce"  # how the replicas sum: "ring" or "star" (allreduc
 STATES_KEY = "cstates"  # "1": the lowest replica publishes its state for each checkpoint
 STAR_MAX_PARAMS = 250_000  # auto: a star up to this model size (1 MB of float32) ...
 STAR_CROWDED_MAX_PARAMS = 1_000_000  # ... or up to this one with more workers than cores
-LOOKAHEAD = 8  # iterations a c that depends on nothing observed is announced ahead, at most
-LOOKAHEAD_S = 0.25  # ... and no more than this much time ahead (a stop waits for them)
-STEP_BATCH = 4  # steps of a fixed c the lowest replica publishes at once, at most
+LOOKAHEAD = 64  # iterations a c that depends on nothing observed is announced ahead, at most
+LOOKAHEAD_S = 0.05  # ... and no more than this much time ahead (a stop waits for them)
+STEP_BATCH = 32  # steps of a fixed c the lowest replica publishes at once, at most
 
 
 # -- store keys of the collective protocol ----------------------------------------------------
@@ -88,26 +89,45 @@ def step_key(t: int) -> str:
     return f"cstep/{t}"
 
 
-def encode_step(stats: tuple, slots: bytes) -> bytes:
-    """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), a newline, then
-    the reduced report slots (float32 bytes, :meth:`WorkerReport.from_slots`)."""
-    return ",".join(map(repr, stats)).encode() + b"\n" + slots
+def encode_step(stats: tuple, slots: bytes, evaluated: tuple[int, float] | None = None) -> bytes:
+    """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), then
+    ``";<iteration>,<held-out loss>"`` when the all-reduce summed one (empty after the ``;``
+    otherwise), a newline, then the reduced report slots (float32 bytes,
+    :meth:`WorkerReport.from_slots`)."""
+    head = ",".join(map(repr, stats)) + ";" + ",".join(map(repr, evaluated or ()))
+    return head.encode() + b"\n" + slots
+
+
+class Step(NamedTuple):
+    """A published step, decoded (:func:`decode_step`)."""
+
+    stats: tuple | None  # (n, sum |g_i|^2, |mean|^2, samples); None: nothing was applied
+    evaluated: tuple[int, float] | None  # (iteration, held-out loss after it) summed by it
+    reports: list[tuple[int, WorkerReport]]  # (ticket, report) the all-reduce carried
 
 
 BATCH_ENTRY = struct.Struct("<qI")  # iteration, length of its step
+BATCH_HEAD, BATCH_POINTER = b"B", b"@"  # a batch's first key holds it; the others point there
 
 
-def encode_batch(steps: list[tuple[int, bytes]]) -> bytes:
-    """Consecutive (iteration, :func:`encode_step` bytes) in one value: the lowest replica
-    publishes a fixed c's steps up to ``STEP_BATCH`` at once, each under its own
-    :func:`step_key` holding it and the later ones of its batch, so whichever key the
-    coordinator waits for (the first it has not read) hands it the rest too."""
-    return b"".join(BATCH_ENTRY.pack(t, len(blob)) + blob for t, blob in steps)
+def batch_values(steps: list[tuple[int, bytes]]) -> list[bytes]:
+    """The values of consecutive (iteration, :func:`encode_step` bytes), one per
+    :func:`step_key` of the batch: the first key holds every step of the batch, each later one
+    points to it (``@<first iteration>``), so whichever key the coordinator waits for (the
+    first it has not read: after a regrouping, one inside a batch) leads it to the whole batch
+    in one or two reads, and a batch of k steps moves k steps, not k(k+1)/2."""
+    blob = BATCH_HEAD + b"".join(BATCH_ENTRY.pack(t, len(step)) + step for t, step in steps)
+    return [blob] + [BATCH_POINTER + str(steps[0][0]).encode()] * (len(steps) - 1)
+
+
+def batch_pointer(value: bytes) -> int | None:
+    """The batch's first iteration, where ``value`` points to it; None where it is the batch."""
+    return int(value[1:]) if value[:1] == BATCH_POINTER else None
 
 
 def decode_batch(blob: bytes) -> dict[int, bytes]:
-    """iteration -> its step, of an :func:`encode_batch` value."""
-    steps, at = {}, 0
+    """iteration -> its step, of a batch's first value (:func:`batch_values`)."""
+    steps, at = {}, len(BATCH_HEAD)
     while at < len(blob):
         t, size = BATCH_ENTRY.unpack_from(blob, at)
         at += BATCH_ENTRY.size
@@ -115,17 +135,20 @@ def decode_batch(blob: bytes) -> dict[int, bytes]:
     return steps
 
 
-def decode_step(
-    blob: bytes, slots: bool = True
-) -> tuple[tuple | None, list[tuple[int, WorkerReport]]]:
-    """(statistics or None, [(ticket, report)...]) of a step published by :func:`encode_step`
-    (no reports unless ``slots``)."""
+def decode_step(blob: bytes, slots: bool = True) -> Step:
+    """A step published by :func:`encode_step` (no reports unless ``slots``)."""
     head, _, rest = blob.partition(b"\n")
+    applied, _, evaluated = head.decode().partition(";")
     stats = None
-    if head:
-        n, sq, mean_sq, samples = head.decode().split(",")
+    if applied:
+        n, sq, mean_sq, samples = applied.split(",")
         stats = (int(n), float(sq), float(mean_sq), int(samples))
-    return stats, WorkerReport.from_slots(np.frombuffer(rest, dtype="f4")) if slots else []
+    loss = None
+    if evaluated:
+        t, value = evaluated.split(",")
+        loss = (int(t), float(value))
+    reports = WorkerReport.from_slots(np.frombuffer(rest, dtype="f4")) if slots else []
+    return Step(stats, loss, reports)
 
 
 def announce_key(t: int) -> str:
@@ -267,7 +290,7 @@ class Coordinator(SyncEngine):
         self.devices: dict[int, str] = {}  # worker -> the device type it computes on
         self.finished = False
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
-        self.read_steps: dict[int, tuple | None] = {}  # statistics of steps admit read
+        self.read_steps: dict[int, Step] = {}  # steps admit read (without their reports)
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
         self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
@@ -288,24 +311,34 @@ class Coordinator(SyncEngine):
 
     def read_noise(self, t: int) -> None:
         """Feed the noise-scale estimate the statistics the lowest replica has published, in
-        order (those of a step already read by :meth:`admit` without a second read). The latest
-        all-reduce (t - 1) may still run: it counts at the next iteration; an earlier one with
-        none published had no update (a failure) and is skipped."""
+        order (those of a step already read by :meth:`admit` without a second read), and the
+        log the held-out losses the steps carry. The latest all-reduce (t - 1) may still run:
+        it counts at the next iteration; an earlier one with none published had no update (a
+        failure) and is skipped."""
         k = self.noise_next
         while k < t:
-            read = k in self.read_steps
-            stats = self.read_steps.pop(k, None)
-            if not read and self.store.check([step_key(k)]):
-                read, stats = True, decode_step(self.store.get(step_key(k)), slots=False)[0]
+            step = self.read_steps.pop(k, None)
+            if step is None and self.store.check([step_key(k)]):
+                step = decode_step(self.store.get(step_key(k)), slots=False)
                 self.store.delete_key(step_key(k))  # (online: a fixed c's goes to the janitor)
-            if read:
-                if stats is not None:  # (None: the step applied nothing)
-                    n, sq, mean_sq, samples = stats
-                    self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
-            elif k == t - 1:
+            if step is None and k == t - 1:
                 break
+            if step is not None and step.stats is not None:  # (None: it applied nothing)
+                n, sq, mean_sq, samples = step.stats
+                self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
+            self.settle_evals(k, step.evaluated if step is not None else None)
             k += 1
         self.noise_next = k
+
+    def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
+        """Step k is read (or failed): it carried the held-out loss of the due iteration
+        before it, if any, summed by its all-reduce (:mod:`stages.engine.replica`); a due
+        iteration before k whose loss no step carried (a regrouping came between) goes
+        without one."""
+        if evaluated is not None and evaluated[0] in self.pending_evals:
+            self.log.rows["eval_loss"][self.pending_evals.pop(evaluated[0])] = evaluated[1]
+        for due in [d for d in self.pending_evals if d < k]:
+            del self.pending_evals[due]
 
     def before_announcing(self, first: int, last: int) -> None:
         """Decide which of the iterations about to be announced are followed by a record (the
@@ -380,8 +413,9 @@ class Coordinator(SyncEngine):
         self.admitting = None
         if blob is None:
             return []
-        stats, slots = decode_step(blob)
-        self.read_steps[t] = stats
+        step = decode_step(blob)
+        self.read_steps[t] = step._replace(reports=[])
+        slots = step.reports
         slots.sort(key=lambda s: (s[0], s[1].start_s + s[1].runtime_s))
         reports = [report for _, report in slots]
         for report in reports:
@@ -390,8 +424,8 @@ class Coordinator(SyncEngine):
 
     def wait_step(self, t: int) -> bytes | None:
         """The step the lowest replica published after iteration t's all-reduce, read with the
-        rest of its batch (one wait and one get per batch of up to ``STEP_BATCH``, not three
-        round trips per iteration); None when the iteration failed (a death, a failed
+        rest of its batch (one wait and one get per batch of up to ``STEP_BATCH``, two gets
+        when the wait starts inside one); None when the iteration failed (a death, a failed
         all-reduce) or nothing came by the deadline (then the members that did not report a
         failure are declared hung). A batch may wait for all its iterations: the deadline is
         one ``--timeout`` for each iteration it may hold."""
@@ -400,15 +434,24 @@ class Coordinator(SyncEngine):
         held = min(STEP_BATCH, max(self.announced - t + 1, 1))
         deadline = time.monotonic() + self.cfg.timeout_s * held
         key = step_key(t)
-        while not P.wait_key(self.store, key, 0.05):
+        while True:
+            if P.wait_key(self.store, key, 0.05):
+                self.batched = self.read_batch(key)
+                if t in self.batched:
+                    return self.batched.pop(t)
+                time.sleep(0.05)  # (a pointer an earlier generation left: t's step is to come)
             self.poll()
             if self.aborted:
                 return None
             if time.monotonic() > deadline:
                 self.handle_failure()
                 return None
-        self.batched = decode_batch(self.store.get(key))
-        return self.batched.pop(t, None)
+
+    def read_batch(self, key: str) -> dict[int, bytes]:
+        """The batch of steps ``key`` holds or points to (:func:`batch_values`)."""
+        value = self.store.get(key)
+        first = batch_pointer(value)
+        return decode_batch(value if first is None else self.store.get(step_key(first)))
 
     def new_generation(self, resume: int) -> None:
         members = (np.flatnonzero(self.live) + 1).tolist()
@@ -427,7 +470,6 @@ class Coordinator(SyncEngine):
         self.cycle_s = (
             iteration_s if self.cycle_s is None else 0.8 * self.cycle_s + 0.2 * iteration_s
         )
-        self.collect_evals()
         if t % self.cfg.eval_every == 0:
             self.pending_evals[t] = len(self.log.rows.get("iteration", []))
         if self.aborted:
@@ -438,7 +480,6 @@ class Coordinator(SyncEngine):
         return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
 
     def iteration_keys(self, t: int) -> list[str]:
-        evaluated = [eval_key(t)] if t % self.cfg.eval_every == 0 else []
         # (a state published for a record the coordinator did not take: a stop rule, an
         # iteration ended without an update after the replicas applied it)
         recorded = (
@@ -449,11 +490,11 @@ class Coordinator(SyncEngine):
         self.cuttable.discard(t)
         announced = [announce_key(t)] if started else []
         if self.reads_arrivals:  # (announced one by one, tickets read live; read_noise deletes
-            return [*super().iteration_keys(t), *announced, *evaluated, *recorded]  # the step)
+            return [*super().iteration_keys(t), *announced, *recorded]  # the step)
         # a fixed c: only the keys its iteration made (a delete is a round trip, made or not)
         made = [P.go_key(t)] if started else []
         made += [P.ticket_key(t), P.cut_key(t)] if cut else []
-        return [*made, *announced, step_key(t), *evaluated, *recorded]
+        return [*made, *announced, step_key(t), *recorded]
 
     # -- Ctrl-C ------------------------------------------------------------------------------
     def one_iteration(self):
@@ -523,14 +564,16 @@ class Coordinator(SyncEngine):
             self.write_announcement(resume, self.announced)
 
     # -- held-out loss, state, end ------------------------------------------------------------
-    def collect_evals(self, wait_s: float = 0.0) -> None:
-        """Fill in the held-out losses the lowest replica has published since (waiting up to
-        ``wait_s`` for each)."""
+    def collect_evals(self, wait_s: float) -> None:
+        """At the end: the held-out losses the last steps carried, then the one due after the
+        last iteration, which the lowest replica evaluates as it stops (waiting up to
+        ``wait_s`` in all)."""
+        self.read_noise(self.next_iteration)
+        deadline = time.monotonic() + wait_s
         for t, index in list(self.pending_evals.items()):
-            key = eval_key(t)
-            if P.wait_key(self.store, key, wait_s):
-                self.log.rows["eval_loss"][index] = float(self.store.get(key).decode())
-                del self.pending_evals[t]
+            if P.wait_key(self.store, eval_key(t), max(deadline - time.monotonic(), 0.0)):
+                self.log.rows["eval_loss"][index] = float(self.store.get(eval_key(t)).decode())
+            del self.pending_evals[t]
 
     def state(self, next_iteration: int) -> dict:
         """The base state, at the iterations the lowest replica has applied (its step count:

@@ -28,6 +28,7 @@ from stages.stragglers import parse_stragglers
 CLOSE_GRACE_S = 5.0  # how long a closing engine waits for a ticket holder to name itself
 HOLE_GRACE_S = 0.5  # how long a taken ticket may stay nameless before a dead holder is assumed
 REPORT_GRACE_S = 0.01  # at a tick, how long a taken ticket's report is awaited before asking
+REAP_EVERY_S = 0.005  # between iterations, worker processes are looked at this often at most
 
 
 class SyncEngine(Engine):
@@ -48,6 +49,7 @@ class SyncEngine(Engine):
         self.tickets = 0  # tickets of the iteration under way that may hold a report
         self.arrival_read = 0.0  # when the last arrival was handed to the driver
         self.peeked: tuple[str, WorkerReport] | None = None  # a report read before its turn
+        self.reap_after = 0.0  # when :meth:`begin` looks for dead worker processes next
         self.stopping = False  # after a stop (Ctrl-C, a stop rule): announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
@@ -97,7 +99,9 @@ class SyncEngine(Engine):
         """Choose c for iteration t (the policy has observed every iteration before it) and
         announce it to the live workers, unless it was announced ahead."""
         self.aborted = False
-        self.reap()
+        if time.monotonic() >= self.reap_after:  # (a waitpid per worker: at 1,000 it/s it shows)
+            self.reap()
+            self.reap_after = time.monotonic() + REAP_EVERY_S
         self.policy.set_noise_scale(self.noise.value, self.cfg.batch_size)
         c = self.driver.begin(self.live)
         self.started, self.sent = time.perf_counter(), self.live.copy()

@@ -19,12 +19,18 @@ from stages.engine.collective import (
     STAR_CROWDED_MAX_PARAMS,
     STAR_MAX_PARAMS,
     allreduce_algorithm,
+    batch_pointer,
+    batch_values,
     decode_announcement,
+    decode_batch,
+    decode_step,
     encode_announcement,
+    encode_step,
     load_replica_state,
 )
 from stages.engine.config import EngineConfig, scaled_lr
 from stages.engine.launch import run_engine
+from stages.engine.report import SLOT
 from stages.errors import ConfigError
 from stages.store import TraceStore
 from stages.workloads import load_workload
@@ -279,6 +285,28 @@ def test_an_announcement_is_one_integer(live):
         code = encode_announcement(generation, limit, live, span)
         assert code >= 1  # 0 means "not announced yet"
         assert decode_announcement(code) == (generation, limit, live, span)
+
+
+def test_a_batch_of_steps_is_found_from_any_of_its_keys():
+    """The first key holds the batch, each later one points to it: read from any of them, the
+    batch holds every step as published, and a batch of k moves k steps once."""
+    steps = [(t, encode_step((2, 1.5, 0.25, 64), bytes([t]) * 8, (t - 1, 2.5))) for t in (7, 8, 9)]
+    values = batch_values(steps)
+    assert batch_pointer(values[0]) is None
+    assert [batch_pointer(v) for v in values[1:]] == [7, 7]
+    assert decode_batch(values[0]) == dict(steps)
+    assert len(values[0]) < sum(len(step) for _, step in steps) + 64
+    single = batch_values(steps[:1])
+    assert len(single) == 1 and decode_batch(single[0]) == dict(steps[:1])
+
+
+def test_a_step_carries_the_held_out_loss_the_all_reduce_summed():
+    slots = np.zeros(2 * SLOT, dtype="f4").tobytes()
+    step = decode_step(encode_step((3, 1.0, 0.5, 96), slots, (41, 2.25)))
+    assert step.stats == (3, 1.0, 0.5, 96) and step.evaluated == (41, 2.25)
+    assert step.reports == []  # (empty slots: nobody's report)
+    bare = decode_step(encode_step((), slots))
+    assert bare.stats is None and bare.evaluated is None
 
 
 def test_an_adaptive_fixed_c_reads_the_arrivals_live_with_the_same_outcome(tmp_path):
