@@ -67,6 +67,12 @@ def generation_key(generation: int) -> str:
     return f"cgen/{generation}"
 
 
+def joined_key(generation: int) -> str:
+    """Counts the members that joined ``generation`` (each after publishing the steps it holds
+    of the generation before)."""
+    return f"cjoined/{generation}"
+
+
 def fail_key(generation: int) -> str:
     """Appended ``"<worker>,"`` by each member whose all-reduce failed in ``generation``."""
     return f"cfail/{generation}"
@@ -297,6 +303,7 @@ class Coordinator(SyncEngine):
         self.limit = 0  # the limit last announced
         self.block_starts: set[int] = set()  # iterations whose announcement keys were written
         self.cuttable: set[int] = set()  # iterations announced with c below the live count
+        self.resume_at = -1  # where the last regrouping of a block announced ahead resumed
 
     def connect(self) -> None:
         super().connect()
@@ -441,11 +448,22 @@ class Coordinator(SyncEngine):
                     return self.batched.pop(t)
                 time.sleep(0.05)  # (a pointer an earlier generation left: t's step is to come)
             self.poll()
-            if self.aborted:
+            if self.aborted or self.never_ran(t):
                 return None
             if time.monotonic() > deadline:
                 self.handle_failure()
                 return None
+
+    def never_ran(self, t: int) -> bool:
+        """Whether iteration t, of a block the replicas ran ahead when a regrouping ended it,
+        has no step and never will: every member of the new generation has joined it, and each
+        published the steps it held before it joined. The iteration ends without an update."""
+        if t >= self.resume_at or self.store.add(joined_key(self.generation), 0) < len(
+            self.members
+        ):
+            return False
+        self.aborted = not self.store.check([step_key(t)])
+        return self.aborted
 
     def read_batch(self, key: str) -> dict[int, bytes]:
         """The batch of steps ``key`` holds or points to (:func:`batch_values`)."""
@@ -548,11 +566,17 @@ class Coordinator(SyncEngine):
 
     @interrupts_deferred()
     def on_dead(self, workers: list[int]) -> None:
-        """Regroup the survivors. Found while an iteration runs, it ends without an update and
-        the new group resumes at the next one; found before it is announced, the new group
-        runs it. The generation lands whole under Ctrl-C (replicas whose all-reduce failed wait
-        for it)."""
-        if self.admitting is not None:
+        """Regroup the survivors. Online, found while an iteration runs, it ends without an
+        update and the new group resumes at the next one; found before it is announced, the new
+        group runs it. A block announced ahead, which the replicas run without waiting for the
+        coordinator, is left to them: the new group resumes after it, the coordinator reads the
+        steps the survivors ran (they publish them, the lowest's unpublished ones too) and ends
+        the rest without an update (:meth:`never_ran`), so no update is applied twice, nor
+        applied without being logged. The generation lands whole under Ctrl-C (replicas whose
+        all-reduce failed wait for it)."""
+        if not self.reads_arrivals:
+            resume = self.resume_at = max(self.announced, self.begun) + 1
+        elif self.admitting is not None:
             self.aborted = True
             self.store.set(P.cut_key(self.admitting), repr(time.time()))
             resume = self.admitting + 1
@@ -560,7 +584,14 @@ class Coordinator(SyncEngine):
             resume = self.begun + 1
         self.members = []  # force a new generation even if nobody died (failure without death)
         self.new_generation(resume)
-        if resume <= self.announced:  # (a block announced ahead: its keys are at its start)
+        if not self.reads_arrivals and resume < self.cfg.iterations:
+            # announced now (or the stop): survivors that finished the block wait for it
+            if self.stop_pending:
+                self.store.set(P.go_key(resume), P.STOP)
+            else:
+                self.write_announcement(resume, resume)
+                self.announced = resume
+        elif resume <= self.announced:  # (a block announced ahead: its keys are at its start)
             self.write_announcement(resume, self.announced)
 
     # -- held-out loss, state, end ------------------------------------------------------------

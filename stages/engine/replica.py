@@ -80,7 +80,11 @@ class Replica(WorkerProcess):
         self.star = self.store.get(C.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
         self.checkpointed = self.store.get(C.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
-        self.unpublished: list[tuple[int, bytes]] = []  # the lowest's steps of a fixed c
+        # a fixed c's steps not yet published (every member keeps them: if the lowest dies
+        # before it publishes them, a survivor does), and the last batch the lowest published,
+        # kept until an all-reduce after it shows that the lowest lived to publish it
+        self.unpublished: list[tuple[int, bytes]] = []
+        self.last_batch: list[tuple[int, bytes]] = []
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -139,6 +143,7 @@ class Replica(WorkerProcess):
         entered = time.time()
         if not self.all_reduce():
             return self.recover()
+        self.last_batch = []  # (every member, the lowest too, came through this all-reduce)
         if not ticket:
             self.note_lag(t, entered)
         self.step()
@@ -230,7 +235,7 @@ class Replica(WorkerProcess):
         """Build the group of ``generation`` (every generation after the first also takes the
         lowest member's state); returns the iteration it resumes at. A replica the generation
         leaves out stops."""
-        self.publish_steps()  # (the last generation's)
+        self.publish_steps(every=True)  # (the last generation's, if the lowest could not)
         blob = self.store.get(C.generation_key(generation)).decode()
         members, resume = blob.split(";")
         self.members = P.decode_members(members.encode())
@@ -245,7 +250,8 @@ class Replica(WorkerProcess):
         if self.generation >= 0:
             self.sync_state()
         self.generation = generation
-        return int(resume)
+        self.store.add(C.joined_key(generation), 1)  # (after its steps: the coordinator knows
+        return int(resume)  # that those it has not got by then never ran)
 
     def build_group(self, generation: int):
         cfg = self.spec.cfg
@@ -276,9 +282,10 @@ class Replica(WorkerProcess):
         self.steps = int(steps.item())
 
     def recover(self) -> int:
-        """Report the failed all-reduce (after the steps applied before it) and join the
-        coordinator's next generation."""
-        self.publish_steps()
+        """Report the failed all-reduce (after the steps applied before it, which every member
+        publishes: the lowest may be the one that died) and join the coordinator's next
+        generation."""
+        self.publish_steps(every=True)
         self.store.append(C.fail_key(self.generation), f"{self.w},")
         P.shutdown(self.group)
         self.group = None
@@ -297,7 +304,7 @@ class Replica(WorkerProcess):
 
     @property
     def lowest(self) -> bool:
-        return self.members[0] == self.spec.worker_id
+        return bool(self.members) and self.members[0] == self.spec.worker_id
 
     def publish(self, t: int) -> None:
         """The lowest replica publishes the step (its gradient statistics, for the
@@ -306,30 +313,43 @@ class Replica(WorkerProcess):
         coordinator decided on (it takes and deletes the state; a run without one would pile
         them up in the store)."""
         cfg = self.spec.cfg
-        if not self.lowest:
-            return
-        slots = self.comm_slots.cpu().numpy().tobytes()
-        step = C.encode_step(self.noise_stats, slots, self.evaluated)
         if self.live_arrivals:  # (the coordinator reads the arrivals live, and steps one by one)
-            self.store.set(C.step_key(t), step)
+            if self.lowest:
+                self.store.set(C.step_key(t), self.step_value())
         else:
-            self.unpublished.append((t, step))
+            self.unpublished.append((t, self.step_value()))
             if len(self.unpublished) >= C.STEP_BATCH or t >= self.known_through:
                 self.publish_steps()  # (a batch ends at the block's end: the next waits for it)
+        if not self.lowest:
+            return
         boundary = (t + 1) % cfg.record_batch == 0
         if self.checkpointed and boundary and self.store.check([C.record_key(t + 1)]):
             self.store.set(C.replica_key(t + 1), self.state_bytes())
 
-    def publish_steps(self) -> None:
+    def step_value(self) -> bytes:
+        """The last all-reduce as published (:func:`stages.engine.collective.encode_step`)."""
+        slots = self.comm_slots.cpu().numpy().tobytes()
+        return C.encode_step(self.noise_stats, slots, self.evaluated)
+
+    def publish_steps(self, every: bool = False) -> None:
         """The steps of a fixed c not yet published, in one round trip, each under its own key
-        (:func:`stages.engine.collective.batch_values`); before the replica waits for anything
-        the coordinator does after reading them (its next block, a new generation) and at the
-        end."""
-        if self.unpublished:
-            steps = self.unpublished
-            keys = [C.step_key(t) for t, _ in steps]
-            self.store.multi_set(keys, C.batch_values(steps))
-            self.unpublished = []
+        (:func:`stages.engine.collective.batch_values`), by the lowest replica: before it waits
+        for anything the coordinator does after reading them (its next block, a new generation)
+        and at the end. With ``every``, by any member, with the last batch too (after a failed
+        all-reduce, and before it joins a new generation: the lowest may have died before it
+        published them; the same bytes twice change nothing)."""
+        if self.lowest:
+            if self.unpublished:
+                self.store.multi_set(*self.batch_keys(self.unpublished))
+        elif every:
+            for batch in (self.last_batch, self.unpublished):
+                if batch:
+                    self.store.multi_set(*self.batch_keys(batch))
+        self.last_batch, self.unpublished = self.unpublished, []
+
+    @staticmethod
+    def batch_keys(steps: list[tuple[int, bytes]]) -> tuple[list[str], list[bytes]]:
+        return [C.step_key(t) for t, _ in steps], C.batch_values(steps)
 
     def evaluate_due(self) -> None:
         """At the end: the held-out loss due after the last iteration, which no all-reduce
@@ -339,7 +359,7 @@ class Replica(WorkerProcess):
             self.eval_part = None
 
     def finish(self) -> None:
-        self.publish_steps()
+        self.publish_steps(every=True)
         self.store.set(C.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
         self.store.set(C.digest_key(self.w), digest)

@@ -220,6 +220,25 @@ def test_a_replica_killed_while_the_coordinator_lags_behind_is_regrouped(tmp_pat
     assert result.extras["replicas_identical"]
 
 
+@pytest.mark.parametrize("victim", [0, 2])
+def test_after_a_death_the_updates_logged_are_the_updates_the_replicas_applied(tmp_path, victim):
+    """The replicas run a fixed c's block ahead of the coordinator, and the lowest one publishes
+    their steps in batches: killed mid-block, it takes an unpublished batch with it, and the
+    survivors had applied those steps. Every update the replicas applied is in the log, once:
+    the final state's step count equals the iterations logged with an update, and the
+    survivors stay identical."""
+    cfg = collective_config(iterations=40, stragglers="synthetic:base_s=0.001", timeout_s=10.0,
+                            record_batch=1000)  # fmt: skip
+    result = run_engine(cfg, RecordingStatic(4), tmp_path / "traces",
+                        kill_worker_at(12, f"bdsgd-worker-{victim}"), tmp_path / "run")  # fmt: skip
+    assert result.log["iteration"] == list(range(cfg.iterations))
+    assert list(result.dead_workers) == [victim]
+    _, steps = replica_params(tmp_path / "run")
+    assert steps == sum(c > 0 for c in result.log["c"])
+    assert result.log["workers"][-1] == 3 and result.log["c"][-1] == 3
+    assert result.extras["replicas_identical"]
+
+
 @pytest.mark.parametrize(("allreduce", "hung"), [("ring", 2), ("star", 2), ("star", 0)])
 def test_a_hung_replica_is_found_by_the_failed_all_reduce(tmp_path, allreduce, hung):
     """A worker stops (SIGSTOP) while alive -- for the star also its root, the lowest replica:
