@@ -278,26 +278,21 @@ class Engine(abc.ABC):
 
     # -- trace rows ---------------------------------------------------------------------------
     def add_rows(self, reports: list[WorkerReport], cutoff: int | None) -> None:
-        """Hand the writer one schema-v1 row per report."""
-        rows: dict[str, list] = {}
-        for rep in reports:
-            values = dict(
-                run_id=self.cfg.run_id,
-                host=self.cfg.hosts[rep.worker],
-                world_size=self.cfg.workers,
-                cutoff=cutoff,
-                policy=self.policy.name,
-                source=self.cfg.source,
-                workload=self.cfg.workload,
-                batch_size=self.cfg.batch_size,
-                device=self.trace_device(rep.worker),
-                **rep.trace_values(),
-            )
-            for k, v in values.items():
-                rows.setdefault(k, []).append(v)
-        if rows:
-            self.writer.add(rows)
-            self.rows_added += len(reports)
+        """Hand the writer one schema-v1 row per report, built a column at a time (at a
+        thousand iterations a second, a dict per row showed in the engine's CPU)."""
+        if not reports:
+            return
+        n, cfg = len(reports), self.cfg
+        same = dict(run_id=cfg.run_id, world_size=cfg.workers, cutoff=cutoff,
+                    policy=self.policy.name, source=cfg.source, workload=cfg.workload,
+                    batch_size=cfg.batch_size)  # fmt: skip
+        rows = {k: [v] * n for k, v in same.items()}
+        rows["host"] = [cfg.hosts[rep.worker] for rep in reports]
+        rows["device"] = [self.trace_device(rep.worker) for rep in reports]
+        values = [rep.trace_values() for rep in reports]
+        rows.update({k: [v[k] for v in values] for k in values[0]})
+        self.writer.add(rows)
+        self.rows_added += n
 
     def trace_device(self, worker: int) -> str:
         """The device ``worker`` computes on, for its trace rows."""

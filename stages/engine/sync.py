@@ -76,7 +76,7 @@ class SyncEngine(Engine):
             iteration_s=iteration_s,
             c=applied,
             decision_ms=out.decision_ms,
-            loss=float(np.mean(losses)) if losses else None,
+            loss=sum(losses) / len(losses) if losses else None,
             chosen_c=out.chosen_c,
             start_s=start - self.t0,
             busy_s=float(sum(r.runtime_s for r in reports)),

@@ -379,7 +379,7 @@ def test_a_default_train_listens_on_loopback_alone(tmp_path):
 def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped):
     """A target every loss is below, or a budget the first iteration spends: the run stops
     after that iteration and the ones already announced to the replicas (`full` is announced
-    in blocks of up to 8 once an iteration is timed; they run them before they see the stop, so
+    in blocks of up to LOOKAHEAD once an iteration is timed; they run them before they see the stop, so
     they are recorded too): its rows,
     run directory and checkpoint agree, and summary.json says why."""
     done = bdsgd(
