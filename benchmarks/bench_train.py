@@ -375,13 +375,15 @@ def run(quick: bool = False) -> str:
             overhead_section(quick),
             "",
             "With `full` (or `static:C`) the collective engine's replicas decide alone: one "
-            "store round trip per block of up to 8 announced iterations, the reports in the "
-            "sum (by star on one machine, `--allreduce auto`; the ring column is gloo's "
-            "all-reduce), the coordinator off the critical path; what remains is the coordinator "
-            "process sharing the cores (its log and trace rows, its store thread) and the "
-            "noise-scale statistics; the held-out evaluation every 10 iterations runs while the "
-            "next all-reduce waits. The ps engine also sends the parameters to every worker and "
-            "steps serially at the server while the workers wait. On a busy machine run it under "
-            "`chrt -r 10`: other load hits the all_reduce ring hardest.",
+            "store round trip per block of up to 64 announced iterations (and 50 ms), the "
+            "reports in the sum (by star on one machine, `--allreduce auto`; the ring column is "
+            "gloo's all-reduce), the steps published 32 at a time, the coordinator off the "
+            "critical path; what remains is the coordinator process sharing the cores (its log "
+            "and trace rows, its store thread), the noise-scale statistics and the held-out "
+            "loss every 10 iterations, each replica evaluating its slice (the last column runs "
+            "without it: the loop does not evaluate). The ps engine also sends the parameters "
+            "to every worker and steps serially at the server while the workers wait. On a "
+            "busy machine run it under `chrt -r 10`: other load hits the all_reduce ring "
+            "hardest.",
         ]
     )

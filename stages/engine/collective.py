@@ -26,8 +26,9 @@ Two admissions, by what the policy needs:
 
 Failures: a death (a reaped process, a ticket deadline) or a replica's report that its all-reduce
 failed (``fail/<generation>``, for a member that hangs) ends the current iteration without an
-update and starts a new generation among the survivors, resuming at the next iteration: its
-members rebuild the group and take the lowest member's parameters and optimizer state, so the
+update and starts a new generation among the survivors, resuming at the next iteration (after
+the block, for one announced ahead: :meth:`Coordinator.on_dead`): its members rebuild the group
+and take the parameters and optimizer state of the member that applied the most steps, so the
 replicas stay identical whichever of them had stepped.
 """
 
@@ -227,8 +228,8 @@ STAR_TAG = 11  # the star sum's messages
 def star_sum(group, rank: int, size: int, buf: torch.Tensor, inbox: list[torch.Tensor]):
     """Sum ``buf`` over a gloo group by star: rank 0 receives every other rank's buffer (into
     ``inbox``, one per other rank), adds them to its own in rank order and sends the sum back,
-    so every rank ends with the same bytes. Starts rank 0's receives and returns the rest, to
-    be called once the caller has used the wait (the replicas evaluate the held-out loss)."""
+    so every rank ends with the same bytes. Starts rank 0's receives and returns what
+    completes the sum."""
     if size == 1:
         return lambda: None
     if rank != 0:
@@ -325,7 +326,7 @@ class Coordinator(SyncEngine):
         k = self.noise_next
         while k < t:
             step = self.read_steps.pop(k, None)
-            if step is None and self.store.check([step_key(k)]):
+            if step is None and self.reads_arrivals and self.store.check([step_key(k)]):
                 step = decode_step(self.store.get(step_key(k)), slots=False)
                 self.store.delete_key(step_key(k))  # (online: a fixed c's goes to the janitor)
             if step is None and k == t - 1:
@@ -397,7 +398,8 @@ class Coordinator(SyncEngine):
 
     def ahead(self, t: int) -> int:
         """A c that depends on nothing observed is announced ahead, a block at a time: once
-        fewer than half of the window remain announced, through t + window. The window is
+        fewer than half of the window remain announced past the replicas' front (the last
+        step read: a batch of them is read at once), through the front + window. The window is
         ``LOOKAHEAD`` iterations, fewer where those would take longer than ``LOOKAHEAD_S``
         (none before an iteration was timed): the replicas run every announced iteration
         before they see a stop, so a Ctrl-C on slow iterations waits for few of them, while
@@ -405,9 +407,10 @@ class Coordinator(SyncEngine):
         if self.reads_arrivals or self.stop_pending or self.cycle_s is None:
             return 0
         window = min(LOOKAHEAD, int(LOOKAHEAD_S / max(self.cycle_s, 1e-9)))
-        if self.announced >= t + window // 2:
+        front = max(t, max(self.batched, default=t))  # the replicas are past every step read
+        if self.announced >= front + window // 2:
             return self.announced - t  # nothing new to announce
-        return min(window, self.cfg.iterations - 1 - t)
+        return min(front + window, self.cfg.iterations - 1) - t
 
     def admit(self, t: int) -> list[WorkerReport]:
         """An online iteration reads arrivals as they come (the shared admission); a fixed-c
@@ -589,6 +592,7 @@ class Coordinator(SyncEngine):
             if self.stop_pending:
                 self.store.set(P.go_key(resume), P.STOP)
             else:
+                self.before_announcing(resume, resume)
                 self.write_announcement(resume, resume)
                 self.announced = resume
         elif resume <= self.announced:  # (a block announced ahead: its keys are at its start)

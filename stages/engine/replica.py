@@ -59,8 +59,9 @@ class Replica(WorkerProcess):
         kw = dict(device=device)
         self.flat = torch.zeros(size, **kw)  # the parameters (the model's params are views)
         self.momentum = torch.zeros(size, **kw)
-        # the all-reduce: [gradient..., samples, |g_i|^2, contributions, report slots...]; the
-        # model's gradients are views into its head, so backward writes what is reduced
+        # the all-reduce: [gradient..., samples, |g_i|^2, contributions, held-out loss part,
+        # evaluators, report slots...]; the model's gradients are views into its head, so
+        # backward writes what is reduced
         self.comm = torch.zeros(size + SCALARS + SLOT * spec.cfg.workers, **kw)
         self.grad, self.comm_scalars = self.comm[:size], self.comm[size : size + SCALARS]
         self.comm_slots = self.comm[size + SCALARS :]
@@ -233,8 +234,8 @@ class Replica(WorkerProcess):
     # -- generations --------------------------------------------------------------------------
     def join(self, generation: int) -> int:
         """Build the group of ``generation`` (every generation after the first also takes the
-        lowest member's state); returns the iteration it resumes at. A replica the generation
-        leaves out stops."""
+        state of the member that applied the most steps); returns the iteration it resumes at.
+        A replica the generation leaves out stops."""
         self.publish_steps(every=True)  # (the last generation's, if the lowest could not)
         blob = self.store.get(C.generation_key(generation)).decode()
         members, resume = blob.split(";")
@@ -275,10 +276,17 @@ class Replica(WorkerProcess):
         return dist.ProcessGroupGloo(prefixed, rank, size, opts)
 
     def sync_state(self) -> None:
-        """Everyone takes the lowest member's parameters, momentum and step count."""
+        """Everyone takes the parameters, momentum and step count of the member that applied
+        the most steps (the lowest such): a member that died inside an all-reduce may have
+        left its result with some survivors and not others, and those that applied it publish
+        its step, so that update is logged and must be kept."""
+        counts = torch.zeros(len(self.members), device=self.device)
+        counts[self.members.index(self.spec.worker_id)] = float(self.steps)
+        self.group.allreduce([counts]).wait()
+        source = source_rank(counts.tolist())
         steps = torch.tensor([float(self.steps)], device=self.device)
         for buf in (self.flat, self.momentum, steps):
-            self.group.broadcast(buf, 0).wait()
+            self.group.broadcast(buf, source).wait()
         self.steps = int(steps.item())
 
     def recover(self) -> int:
@@ -402,6 +410,12 @@ class Replica(WorkerProcess):
         self.steps = int(state["steps"])
         if "noise" in state:
             self.noise.load_state_dict(state["noise"])
+
+
+def source_rank(steps: list[float]) -> int:
+    """The rank whose state a new generation takes: the lowest of those that applied the most
+    steps."""
+    return steps.index(max(steps))
 
 
 def replica_main(spec: WorkerSpec) -> None:

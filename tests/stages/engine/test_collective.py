@@ -128,9 +128,9 @@ def held_out_loss(cfg: EngineConfig, params: torch.Tensor) -> float:
 
 
 def test_the_held_out_loss_of_an_iteration_is_of_the_parameters_after_it(tmp_path):
-    """The lowest replica evaluates iteration t while iteration t + 1 all-reduces: the loss
-    logged for the last iteration (published at the end) is that of the final parameters, and
-    the one before it is not; every due iteration has its loss."""
+    """Every replica evaluates its slice after iteration t's step, summed by t + 1's
+    all-reduce: the loss logged for the last iteration (evaluated whole at the end) is that of
+    the final parameters, and the one before it is not; every due iteration has its loss."""
     cfg = collective_config(iterations=6, eval_every=1, workers=2, hosts=("h0", "h1"))
     result = run_engine(cfg, RecordingStatic(2), tmp_path / "traces", lambda t, r: None,
                         tmp_path / "run")  # fmt: skip
@@ -145,7 +145,7 @@ def test_the_held_out_loss_of_an_iteration_is_of_the_parameters_after_it(tmp_pat
 def test_every_held_out_loss_is_of_the_parameters_after_its_iteration(tmp_path):
     """Three replicas: the loss logged for every iteration equals the held-out loss at the
     parameters after it, read from the checkpoint written after each iteration (the callback of
-    t sees the one after t - 1), though the lowest replica evaluates t during t + 1's sum."""
+    t sees the one after t - 1), though t + 1's all-reduce sums the slices of t's."""
     cfg = collective_config(iterations=6, eval_every=1, workers=3, hosts=("h0", "h1", "h2"),
                             record_batch=1, record_s=0.0)  # fmt: skip
     after: dict[int, torch.Tensor] = {}
@@ -417,7 +417,7 @@ def sigint_after(engine_class, method: str, t_at: int, monkeypatch) -> None:
 @pytest.mark.parametrize("policy", ["static", "online"])
 @pytest.mark.parametrize("where", ["between iterations", "mid-iteration"])
 def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, policy, where):
-    """The replicas run every iteration announced to them (up to 8 ahead for a fixed c, the
+    """The replicas run every iteration announced to them (up to 64 ahead for a fixed c, the
     next one online) before they see the stop: after Ctrl-C, between iterations or while one is
     admitted, the coordinator records those too, so the log, the traces and the checkpoint's
     replica state agree (a resumed run continues right after the last logged iteration). A
@@ -493,3 +493,57 @@ def test_under_torchrun_auto_sums_by_ring_without_resolving_this_hosts_device():
 def test_a_star_on_cuda_tensors_is_refused():
     with pytest.raises(ConfigError, match="--allreduce star"):
         collective_config(device="cuda", allreduce="star")
+
+
+def _sync_state_member(rank: int, port: int, steps: list[int], q) -> None:
+    """One member of a new generation: a gloo group of len(steps) over the test's store, and
+    the replica's own sync_state on parameters and momentum that name the member."""
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from stages.engine.replica import Replica
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                          timeout=datetime.timedelta(seconds=30))  # fmt: skip
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._timeout = datetime.timedelta(seconds=30)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("sync/", store), rank, len(steps), opts)
+    member = SimpleNamespace(
+        members=[10 + r for r in range(len(steps))], spec=SimpleNamespace(worker_id=10 + rank),
+        steps=steps[rank], device=torch.device("cpu"), group=group,
+        flat=torch.full((5,), float(rank)), momentum=torch.full((5,), -float(rank)),
+    )  # fmt: skip
+    Replica.sync_state(member)
+    q.put((rank, member.steps, member.flat.tolist(), member.momentum.tolist()))
+
+
+@pytest.mark.parametrize("steps", [[5, 6, 6], [7, 6, 7], [4, 4, 3]])
+def test_a_new_generation_takes_the_state_of_the_member_that_applied_the_most_steps(steps):
+    """A member that died inside an all-reduce can leave its result with some survivors and not
+    others; those that applied it publish its step, so the new generation keeps their state
+    (the lowest such rank's), whichever rank it is, not the lowest member's."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_sync_state_member, args=(r, store.port, steps, q), daemon=True)
+             for r in range(len(steps))]  # fmt: skip
+    for p in procs:
+        p.start()
+    try:
+        got = dict((r, rest) for r, *rest in (q.get(timeout=60) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    source = steps.index(max(steps))
+    assert sorted(got) == list(range(len(steps)))
+    for taken_steps, flat, momentum in got.values():
+        assert taken_steps == max(steps)
+        assert flat == [float(source)] * 5
+        assert momentum == [-float(source)] * 5
