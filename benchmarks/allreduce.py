@@ -52,7 +52,7 @@ def allreduce_iterations_per_s(
     workers: int, iterations: int, workload: str = "mlp", batch: int = 32
 ) -> float:
     """Iterations per second of the all_reduce loop (after 5 warm-up iterations)."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = P.open_store("127.0.0.1", 0, True, 60.0)  # (loopback alone)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [
@@ -110,7 +110,7 @@ def sum_ms(
     started after every process sat idle for ``gap_s``; the median over the processes."""
     if size is None:
         size = sum(p.numel() for p in load_workload("mlp", seed=0).model.parameters())
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = P.open_store("127.0.0.1", 0, True, 60.0)  # (loopback alone)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     args = (workers, store.port, reps, mode, gap_s, size, q)

@@ -328,10 +328,10 @@ def overhead_section(quick: bool, repeats: int = 3, sizes: tuple[int, ...] = (2,
     """Both engines (policy full, no stragglers) against all_reduce, same workers, interleaved;
     with the default 4 micro-batches and with 1, and the collective engine also with gloo's ring
     (``--allreduce ring``; ``auto`` sums by star here) and without the held-out evaluation
-    every 10 iterations (work the loop does not do: the engine's own cost alone). Each figure is the median of ``repeats``
-    runs (single runs on a shared 2-core machine vary by 20-30%), over 1,000 iterations (the
-    steady state of a run; the all_reduce loop after 5 warm-up iterations, the engines after
-    50)."""
+    every 10 iterations (work the loop does not do: the engine's own cost alone). Each figure
+    is the median of ``repeats`` runs (single runs on a shared 2-core machine vary by 20-30%),
+    over 1,000 iterations (the steady state of a run; the all_reduce loop after 5 warm-up
+    iterations, the engines after 50)."""
     iterations = 60 if quick else 1000
     never = iterations + 1
     configs = {"collective4": ("collective", 4, "auto", 10),

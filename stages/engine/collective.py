@@ -451,7 +451,9 @@ class Coordinator(SyncEngine):
                     return self.batched.pop(t)
                 time.sleep(0.05)  # (a pointer an earlier generation left: t's step is to come)
             self.poll()
-            if self.aborted or self.never_ran(t):
+            if not self.aborted and self.never_ran(t):
+                self.aborted = True  # (ended without an update)
+            if self.aborted:
                 return None
             if time.monotonic() > deadline:
                 self.handle_failure()
@@ -461,12 +463,10 @@ class Coordinator(SyncEngine):
         """Whether iteration t, of a block the replicas ran ahead when a regrouping ended it,
         has no step and never will: every member of the new generation has joined it, and each
         published the steps it held before it joined. The iteration ends without an update."""
-        if t >= self.resume_at or self.store.add(joined_key(self.generation), 0) < len(
-            self.members
-        ):
+        if t >= self.resume_at:
             return False
-        self.aborted = not self.store.check([step_key(t)])
-        return self.aborted
+        joined = self.store.add(joined_key(self.generation), 0)
+        return joined >= len(self.members) and not self.store.check([step_key(t)])
 
     def read_batch(self, key: str) -> dict[int, bytes]:
         """The batch of steps ``key`` holds or points to (:func:`batch_values`)."""

@@ -84,8 +84,10 @@ class Replica(WorkerProcess):
         # a fixed c's steps not yet published (every member keeps them: if the lowest dies
         # before it publishes them, a survivor does), and the last batch the lowest published,
         # kept until an all-reduce after it shows that the lowest lived to publish it
-        self.unpublished: list[tuple[int, bytes]] = []
-        self.last_batch: list[tuple[int, bytes]] = []
+        # (each step as :meth:`step_parts`, encoded only when published: the members other
+        # than the lowest publish theirs only after a failure)
+        self.unpublished: list[tuple[int, tuple]] = []
+        self.last_batch: list[tuple[int, tuple]] = []
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -323,9 +325,9 @@ class Replica(WorkerProcess):
         cfg = self.spec.cfg
         if self.live_arrivals:  # (the coordinator reads the arrivals live, and steps one by one)
             if self.lowest:
-                self.store.set(C.step_key(t), self.step_value())
+                self.store.set(C.step_key(t), C.encode_step(*self.step_parts()))
         else:
-            self.unpublished.append((t, self.step_value()))
+            self.unpublished.append((t, self.step_parts()))
             if len(self.unpublished) >= C.STEP_BATCH or t >= self.known_through:
                 self.publish_steps()  # (a batch ends at the block's end: the next waits for it)
         if not self.lowest:
@@ -334,10 +336,11 @@ class Replica(WorkerProcess):
         if self.checkpointed and boundary and self.store.check([C.record_key(t + 1)]):
             self.store.set(C.replica_key(t + 1), self.state_bytes())
 
-    def step_value(self) -> bytes:
-        """The last all-reduce as published (:func:`stages.engine.collective.encode_step`)."""
-        slots = self.comm_slots.cpu().numpy().tobytes()
-        return C.encode_step(self.noise_stats, slots, self.evaluated)
+    def step_parts(self) -> tuple:
+        """The last all-reduce as it is published: the arguments of
+        :func:`stages.engine.collective.encode_step` (the reduced slots copied out of the
+        buffer the next all-reduce reuses)."""
+        return self.noise_stats, self.comm_slots.cpu().numpy().tobytes(), self.evaluated
 
     def publish_steps(self, every: bool = False) -> None:
         """The steps of a fixed c not yet published, in one round trip, each under its own key
@@ -356,8 +359,9 @@ class Replica(WorkerProcess):
         self.last_batch, self.unpublished = self.unpublished, []
 
     @staticmethod
-    def batch_keys(steps: list[tuple[int, bytes]]) -> tuple[list[str], list[bytes]]:
-        return [C.step_key(t) for t, _ in steps], C.batch_values(steps)
+    def batch_keys(steps: list[tuple[int, tuple]]) -> tuple[list[str], list[bytes]]:
+        encoded = [(t, C.encode_step(*parts)) for t, parts in steps]
+        return [C.step_key(t) for t, _ in steps], C.batch_values(encoded)
 
     def evaluate_due(self) -> None:
         """At the end: the held-out loss due after the last iteration, which no all-reduce

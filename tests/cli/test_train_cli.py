@@ -379,9 +379,9 @@ def test_a_default_train_listens_on_loopback_alone(tmp_path):
 def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped):
     """A target every loss is below, or a budget the first iteration spends: the run stops
     after that iteration and the ones already announced to the replicas (`full` is announced
-    in blocks of up to LOOKAHEAD once an iteration is timed; they run them before they see the stop, so
-    they are recorded too): its rows,
-    run directory and checkpoint agree, and summary.json says why."""
+    in blocks of up to LOOKAHEAD once an iteration is timed; they run them before they see the
+    stop, so they are recorded too): its rows, run directory and checkpoint agree, and
+    summary.json says why."""
     done = bdsgd(
         "train", "--workers", "2", "--iterations", "1000", "--policy", "full",
         "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),

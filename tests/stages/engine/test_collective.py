@@ -8,12 +8,14 @@ import multiprocessing
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
 
+from stages.engine import protocol as P
 from stages.engine.checkpoint import STATE_FILE
 from stages.engine.collective import (
     STAR_CROWDED_MAX_PARAMS,
@@ -30,6 +32,7 @@ from stages.engine.collective import (
 )
 from stages.engine.config import EngineConfig, scaled_lr
 from stages.engine.launch import run_engine
+from stages.engine.replica import Replica
 from stages.engine.report import SLOT
 from stages.errors import ConfigError
 from stages.store import TraceStore
@@ -498,22 +501,12 @@ def test_a_star_on_cuda_tensors_is_refused():
 def _sync_state_member(rank: int, port: int, steps: list[int], q) -> None:
     """One member of a new generation: a gloo group of len(steps) over the test's store, and
     the replica's own sync_state on parameters and momentum that name the member."""
-    import datetime
-    from types import SimpleNamespace
-
-    import torch.distributed as dist
-
-    from stages.engine.replica import Replica
-
-    store = dist.TCPStore("127.0.0.1", port, is_master=False,
-                          timeout=datetime.timedelta(seconds=30))  # fmt: skip
-    opts = dist.ProcessGroupGloo._Options()
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    opts._timeout = datetime.timedelta(seconds=30)
-    group = dist.ProcessGroupGloo(dist.PrefixStore("sync/", store), rank, len(steps), opts)
+    store = P.open_store("127.0.0.1", port, False, 30.0)
+    members = [10 + r for r in range(len(steps))]
     member = SimpleNamespace(
-        members=[10 + r for r in range(len(steps))], spec=SimpleNamespace(worker_id=10 + rank),
-        steps=steps[rank], device=torch.device("cpu"), group=group,
+        members=members, spec=SimpleNamespace(worker_id=10 + rank), steps=steps[rank],
+        device=torch.device("cpu"), group=P.build_group(store, 0, members, 10 + rank,
+                                                        "127.0.0.1", 30.0),
         flat=torch.full((5,), float(rank)), momentum=torch.full((5,), -float(rank)),
     )  # fmt: skip
     Replica.sync_state(member)
@@ -525,9 +518,7 @@ def test_a_new_generation_takes_the_state_of_the_member_that_applied_the_most_st
     """A member that died inside an all-reduce can leave its result with some survivors and not
     others; those that applied it publish its step, so the new generation keeps their state
     (the lowest such rank's), whichever rank it is, not the lowest member's."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = P.open_store("127.0.0.1", 0, True, 30.0)
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_sync_state_member, args=(r, store.port, steps, q), daemon=True)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector
 
 from stages.engine import protocol as P
@@ -70,9 +68,7 @@ def test_pack_params_of_matches_pack_params():
 
 
 def test_store_waits_end_at_their_timeout():
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=0.2)
-    )
+    store = P.open_store("127.0.0.1", 0, True, 0.2)
     store.set("a", "1")
     assert P.wait_keys(store, ["a"], 0.2)
     assert not P.wait_keys(store, ["a", "b"], 0.05)
