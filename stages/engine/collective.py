@@ -34,7 +34,6 @@ replicas stay identical whichever of them had stepped.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import struct
@@ -516,25 +515,6 @@ class Coordinator(SyncEngine):
         made = [P.go_key(t)] if started else []
         made += [P.ticket_key(t), P.cut_key(t)] if cut else []
         return [*made, *announced, step_key(t), *recorded]
-
-    # -- Ctrl-C ------------------------------------------------------------------------------
-    def one_iteration(self):
-        """Ctrl-C ends a run between iterations: the replicas apply an iteration whether or not
-        the coordinator records it, so it is recorded whole (the waits inside are bounded).
-        While the announced iterations are recorded after a stop, Ctrl-C acts at once."""
-        return contextlib.nullcontext() if self.stopping else interrupts_deferred()
-
-    def run_announced(self, on_iteration) -> None:
-        """After a stop (Ctrl-C, a target or a wall-clock budget): announce nothing more and
-        record the iterations already announced (up to ``LOOKAHEAD`` and about ``LOOKAHEAD_S``
-        seconds of them for a fixed c, the next one online), which the replicas run before they
-        see the stop, so the log, the traces and the checkpoint agree. Ctrl-C during it ends it
-        at once (it runs once)."""
-        if self.stopping:
-            return
-        self.stopping = True
-        self.iterate(range(self.next_iteration, min(self.announced + 1, self.cfg.iterations)),
-                     on_iteration)  # fmt: skip
 
     # -- failures -----------------------------------------------------------------------------
     def poll(self) -> None:

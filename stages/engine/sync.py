@@ -14,6 +14,7 @@ ticket meanwhile.
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
 
 import numpy as np
@@ -129,6 +130,27 @@ class SyncEngine(Engine):
         """Announce through iteration t + ahead(t) with t's c (variants whose workers need not
         wait for an outcome to learn a c that does not depend on it); none by default."""
         return 0
+
+    # -- Ctrl-C and stop rules ----------------------------------------------------------------
+    def one_iteration(self):
+        """Ctrl-C ends a run between iterations: an iteration's update is applied before it is
+        recorded (the replicas apply it whether or not the engine records it), so it is
+        recorded whole (the waits inside are bounded). While the announced iterations are
+        recorded after a stop, Ctrl-C acts at once."""
+        return contextlib.nullcontext() if self.stopping else interrupts_deferred()
+
+    def run_announced(self, on_iteration) -> None:
+        """After a stop (Ctrl-C, a target or a wall-clock budget): announce nothing more and
+        run and record the iterations already announced (the next one; a block of them for the
+        collective engine's fixed c), which the workers run before they see the stop: their
+        admitted gradients are received (a parameter-server worker sending to a closed group
+        would wait out ``--timeout``), and the log, the traces and the checkpoint agree. Ctrl-C
+        during it ends it at once (it runs once)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.iterate(range(self.next_iteration, min(self.announced + 1, self.cfg.iterations)),
+                     on_iteration)  # fmt: skip
 
     def stop_workers(self, current: int) -> None:
         """Tell the workers to stop after the last iteration announced (``current``, or the

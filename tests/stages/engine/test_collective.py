@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from stages.engine import protocol as P
+from stages.engine.base import StopRun
 from stages.engine.checkpoint import STATE_FILE
 from stages.engine.collective import (
     STAR_CROWDED_MAX_PARAMS,
@@ -404,6 +405,32 @@ def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch,
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
 
 
+@pytest.mark.parametrize("engine", ["collective", "ps"])
+def test_a_stop_rule_records_what_was_announced_and_every_worker_stops_on_its_own(
+    tmp_path, monkeypatch, engine
+):
+    """A stop rule (a target, a wall budget) ends the run after iteration 5, when iteration 6
+    is announced already (a block of them for the collective's fixed c). Every worker is
+    admitted (static:4 of 4 cuts nobody), so each runs 6 and hands its gradient on: the engine
+    runs and records what it announced, instead of closing its group under a parameter-server
+    worker that then waits out --timeout sending its gradient, and is killed (seen in CI)."""
+    cfg = collective_config(engine=engine, iterations=400, stragglers="synthetic:base_s=0.002")
+    codes = exit_codes_of_workers(monkeypatch)
+
+    def stop_after_5(t: int, row: dict) -> None:
+        if t == 5:
+            raise StopRun
+
+    result = run_engine(cfg, RecordingStatic(cfg.workers), tmp_path / "traces", stop_after_5,
+                        tmp_path / "run")  # fmt: skip
+    logged = result.log["iteration"]
+    assert logged == list(range(len(logged))) and len(logged) < cfg.iterations
+    assert len(logged) == 7 if engine == "ps" else len(logged) >= 7
+    assert TraceStore(tmp_path / "traces").read().height == len(logged) * cfg.workers
+    assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
+
+
 def sigint_after(engine_class, method: str, t_at: int, monkeypatch) -> None:
     """A real SIGINT to this process right after ``method(t_at)`` of the engine returns."""
     original = getattr(engine_class, method)
@@ -449,6 +476,25 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     rows = TraceStore(tmp_path / "traces").read()
     assert sorted(set(rows["iteration"].to_list())) == logged
     assert result.extras["replicas_identical"]
+
+
+def test_ctrl_c_after_a_parameter_server_step_records_that_step_and_nothing_after(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C right after the server applied iteration 30's update: 30 is recorded (its update
+    is in the parameters the checkpoint holds, so a resumed run must not run it again) and,
+    the Ctrl-C being held by then, 31 is never announced; every worker stops on its own."""
+    from stages.engine.ps import ParameterServer
+
+    cfg = collective_config(engine="ps", iterations=400, stragglers="synthetic:base_s=0.002")
+    sigint_after(ParameterServer, "apply", 30, monkeypatch)
+    codes = exit_codes_of_workers(monkeypatch)
+    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None,
+                        tmp_path / "run")  # fmt: skip
+    assert result.interrupted and result.log["iteration"] == list(range(31))
+    rows = TraceStore(tmp_path / "traces").read()
+    assert sorted(set(rows["iteration"].to_list())) == list(range(31))
+    assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes
 
 
 def test_ctrl_c_on_slow_iterations_stops_after_the_one_under_way(tmp_path, monkeypatch):
