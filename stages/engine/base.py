@@ -179,10 +179,14 @@ class Engine(abc.ABC):
             except StopRun:
                 return
 
+    stopping = False  # after a stop: only what was begun is run (:meth:`run_announced`)
+
     def one_iteration(self) -> contextlib.AbstractContextManager:
-        """What an iteration runs in: by default Ctrl-C may end it anywhere (a variant whose
-        workers go on without it defers Ctrl-C to its end, see :meth:`run_announced`)."""
-        return contextlib.nullcontext()
+        """What an iteration runs in: Ctrl-C ends a run between iterations. Every engine applies
+        an update before it records it, so an update ended between the two would be in the
+        parameters (and the checkpoint) but not in the log, and a resumed run would apply it
+        again; the waits inside are bounded. After a stop, Ctrl-C acts at once."""
+        return contextlib.nullcontext() if self.stopping else interrupts_deferred()
 
     def run_announced(self, on_iteration: Callable[[int, dict], None]) -> None:  # noqa: B027
         """After a stop (Ctrl-C, a stop rule): run what the workers run anyway before they see

@@ -14,7 +14,6 @@ ticket meanwhile.
 from __future__ import annotations
 
 import abc
-import contextlib
 import time
 
 import numpy as np
@@ -51,7 +50,6 @@ class SyncEngine(Engine):
         self.arrival_read = 0.0  # when the last arrival was handed to the driver
         self.peeked: tuple[str, WorkerReport] | None = None  # a report read before its turn
         self.reap_after = 0.0  # when :meth:`begin` looks for dead worker processes next
-        self.stopping = False  # after a stop (Ctrl-C, a stop rule): announce nothing more
         self.noise = NoiseScale()  # the gradient noise scale, from the admitted gradients
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
         self.delays = [model.column(cfg.iterations, cfg.workers, w) for w in range(cfg.workers)]
@@ -131,14 +129,7 @@ class SyncEngine(Engine):
         wait for an outcome to learn a c that does not depend on it); none by default."""
         return 0
 
-    # -- Ctrl-C and stop rules ----------------------------------------------------------------
-    def one_iteration(self):
-        """Ctrl-C ends a run between iterations: an iteration's update is applied before it is
-        recorded (the replicas apply it whether or not the engine records it), so it is
-        recorded whole (the waits inside are bounded). While the announced iterations are
-        recorded after a stop, Ctrl-C acts at once."""
-        return contextlib.nullcontext() if self.stopping else interrupts_deferred()
-
+    # -- stops (Ctrl-C, stop rules) -----------------------------------------------------------
     def run_announced(self, on_iteration) -> None:
         """After a stop (Ctrl-C, a target or a wall-clock budget): announce nothing more and
         run and record the iterations already announced (the next one; a block of them for the

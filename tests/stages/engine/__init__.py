@@ -1,7 +1,11 @@
-"""Tests of the distributed engine; :func:`write_replay_trace` builds straggler traces."""
+"""Tests of the distributed engine; :func:`write_replay_trace` builds straggler traces,
+:func:`sigint_after` sends a real Ctrl-C mid-run, :func:`exit_codes_of_workers` tells whether
+the workers stopped on their own."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 from stages.store import TraceStore
@@ -27,3 +31,32 @@ def write_replay_trace(path: Path, runtimes: list[list[float]]) -> Path:
         }
     )
     return path
+
+
+def sigint_after(engine_class, method: str, t_at: int, monkeypatch) -> None:
+    """A real SIGINT to this process right after ``method(t_at)`` of the engine returns."""
+    original = getattr(engine_class, method)
+
+    def patched(self, t, *args):
+        out = original(self, t, *args)
+        if t == t_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(engine_class, method, patched)
+
+
+def exit_codes_of_workers(monkeypatch) -> list[int | None]:
+    """The exit codes of the run's worker processes once the launcher has reaped them (a
+    negative one: killed by a signal, so it did not stop on its own)."""
+    from stages.engine import launch
+
+    codes: list[int | None] = []
+    reap = launch.join_or_kill
+
+    def join_or_kill(procs, *args, **kwargs):
+        reap(procs, *args, **kwargs)
+        codes.extend(p.exitcode for p in procs)
+
+    monkeypatch.setattr(launch, "join_or_kill", join_or_kill)
+    return codes

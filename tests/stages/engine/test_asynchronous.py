@@ -5,6 +5,8 @@ rows per computation, a worker killed mid-run."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 
 import numpy as np
 import polars as pl
@@ -16,7 +18,7 @@ from stages.engine.config import EngineConfig
 from stages.engine.launch import run_engine
 from stages.policies.asynchronous import KAsync
 from stages.store import TraceStore
-from tests.stages.engine import write_replay_trace
+from tests.stages.engine import exit_codes_of_workers, write_replay_trace
 from tests.stages.engine.test_engine import kill_worker_at
 
 SLOW_S, FAST_S = 0.3, 0.01
@@ -137,3 +139,27 @@ def test_async_run_survives_a_killed_worker(killed_worker_run):
     assert dead["iteration"].to_list() == list(range(dead.height))
     assert dead.height <= 11 and dead["censored"][-1]  # its last computation never finished
     assert dead["start_s"].is_sorted()  # the server's censored row on the workers' clock
+
+
+def test_ctrl_c_after_an_update_records_that_update_and_nothing_after(tmp_path, monkeypatch):
+    """Ctrl-C right after the server applied update 10 (while it tells the policy): update 10
+    is recorded (its parameters are those the checkpoint holds, so a resumed run must not
+    apply it again), no update after it, and every worker stops on its own."""
+    from stages.engine.async_server import AsyncServer
+
+    original, updates = AsyncServer.observe, []
+
+    def observe(self, batch):
+        original(self, batch)
+        updates.append(len(batch))
+        if len(updates) == 11:
+            os.kill(os.getpid(), signal.SIGINT)  # (the handler runs before this returns)
+
+    monkeypatch.setattr(AsyncServer, "observe", observe)
+    codes = exit_codes_of_workers(monkeypatch)
+    cfg = engine_config(iterations=400, stragglers="synthetic:base_s=0.002")
+    result = run_engine(cfg, RecordingKAsync(2), tmp_path / "traces", lambda t, r: None,
+                        tmp_path / "run")  # fmt: skip
+    assert result.interrupted and result.log["iteration"] == list(range(11))
+    assert len(updates) == 11
+    assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes

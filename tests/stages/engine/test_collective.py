@@ -38,7 +38,7 @@ from stages.engine.report import SLOT
 from stages.errors import ConfigError
 from stages.store import TraceStore
 from stages.workloads import load_workload
-from tests.stages.engine import write_replay_trace
+from tests.stages.engine import exit_codes_of_workers, sigint_after, write_replay_trace
 from tests.stages.engine.test_engine import (
     FAST_S,
     MID_S,
@@ -365,22 +365,6 @@ def interrupt_mid_announcement(monkeypatch, engine_class, after: int) -> list[in
     return hit
 
 
-def exit_codes_of_workers(monkeypatch) -> list[int | None]:
-    """The exit codes of the run's worker processes once the launcher has reaped them (a
-    negative one: killed by a signal, so it did not stop on its own)."""
-    from stages.engine import launch
-
-    codes: list[int | None] = []
-    reap = launch.join_or_kill
-
-    def join_or_kill(procs, *args, **kwargs):
-        reap(procs, *args, **kwargs)
-        codes.extend(p.exitcode for p in procs)
-
-    monkeypatch.setattr(launch, "join_or_kill", join_or_kill)
-    return codes
-
-
 @pytest.mark.parametrize("engine", ["collective", "ps"])
 def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch, engine):
     """An announcement (its keys and the engine's count of what it announced) lands whole
@@ -431,19 +415,6 @@ def test_a_stop_rule_records_what_was_announced_and_every_worker_stops_on_its_ow
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("bdsgd-")]
 
 
-def sigint_after(engine_class, method: str, t_at: int, monkeypatch) -> None:
-    """A real SIGINT to this process right after ``method(t_at)`` of the engine returns."""
-    original = getattr(engine_class, method)
-
-    def patched(self, t, *args):
-        out = original(self, t, *args)
-        if t == t_at:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-
-    monkeypatch.setattr(engine_class, method, patched)
-
-
 @pytest.mark.parametrize("policy", ["static", "online"])
 @pytest.mark.parametrize("where", ["between iterations", "mid-iteration"])
 def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, policy, where):
@@ -476,25 +447,6 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     rows = TraceStore(tmp_path / "traces").read()
     assert sorted(set(rows["iteration"].to_list())) == logged
     assert result.extras["replicas_identical"]
-
-
-def test_ctrl_c_after_a_parameter_server_step_records_that_step_and_nothing_after(
-    tmp_path, monkeypatch
-):
-    """Ctrl-C right after the server applied iteration 30's update: 30 is recorded (its update
-    is in the parameters the checkpoint holds, so a resumed run must not run it again) and,
-    the Ctrl-C being held by then, 31 is never announced; every worker stops on its own."""
-    from stages.engine.ps import ParameterServer
-
-    cfg = collective_config(engine="ps", iterations=400, stragglers="synthetic:base_s=0.002")
-    sigint_after(ParameterServer, "apply", 30, monkeypatch)
-    codes = exit_codes_of_workers(monkeypatch)
-    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None,
-                        tmp_path / "run")  # fmt: skip
-    assert result.interrupted and result.log["iteration"] == list(range(31))
-    rows = TraceStore(tmp_path / "traces").read()
-    assert sorted(set(rows["iteration"].to_list())) == list(range(31))
-    assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes
 
 
 def test_ctrl_c_on_slow_iterations_stops_after_the_one_under_way(tmp_path, monkeypatch):

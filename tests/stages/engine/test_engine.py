@@ -20,7 +20,7 @@ from stages.engine.launch import run_engine
 from stages.policies.cutoff import StaticCutoff
 from stages.store import TraceStore
 from stages.workloads import load_workload
-from tests.stages.engine import write_replay_trace
+from tests.stages.engine import exit_codes_of_workers, sigint_after, write_replay_trace
 
 SLOW_S, FAST_S = 5.0, 0.005  # a slow worker is always cut: its long delay costs nothing
 
@@ -320,3 +320,22 @@ def test_a_waiting_online_policy_cuts_a_straggler_between_arrivals(tmp_path, eng
     rows = TraceStore(tmp_path / "traces").read().filter(pl.col("worker") == 3)
     assert rows["censored"].to_list() == [True] * 3
     assert all(x >= 0.3 for x in rows["runtime_s"].to_list())  # not before it gave up
+
+
+def test_ctrl_c_after_a_parameter_server_step_records_that_step_and_nothing_after(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C right after the server applied iteration 30's update: 30 is recorded (its update
+    is in the parameters the checkpoint holds, so a resumed run must not run it again) and,
+    the Ctrl-C being held by then, 31 is never announced; every worker stops on its own."""
+    from stages.engine.ps import ParameterServer
+
+    cfg = engine_config(iterations=400, stragglers="synthetic:base_s=0.002")
+    sigint_after(ParameterServer, "apply", 30, monkeypatch)
+    codes = exit_codes_of_workers(monkeypatch)
+    result = run_engine(cfg, RecordingStatic(3), tmp_path / "traces", lambda t, r: None,
+                        tmp_path / "run")  # fmt: skip
+    assert result.interrupted and result.log["iteration"] == list(range(31))
+    rows = TraceStore(tmp_path / "traces").read()
+    assert sorted(set(rows["iteration"].to_list())) == list(range(31))
+    assert len(codes) == cfg.workers and all(c is not None and c >= 0 for c in codes), codes
