@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-
-from stages.errors import BdsgdError
-from stages.stop import STOP_REQUESTED
+from bdsgd.stages.errors import BdsgdError
+from bdsgd.stages.stop import STOP_REQUESTED
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130

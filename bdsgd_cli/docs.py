@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import click
+from bdsgd.schemas.run_dir import write_atomic
 
 from bdsgd_cli.main import COMMANDS, _available, cli
-from schemas.run_dir import write_atomic
 
 WIDTH = 100  # fixed, so the page does not depend on the terminal it was generated in
 GENERATOR = ".venv/bin/python -m bdsgd_cli.docs docs/cli.md"

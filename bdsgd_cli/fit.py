@@ -50,7 +50,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @run_stage
 def fit(json_out: bool, traces: str, checkpoint: str, init: str | None, **kwargs) -> None:
     """Train the deep generative run-time model on a trace store and save a checkpoint."""
-    from stages.fit import FitConfig, run_fit
+    from bdsgd.stages.fit import FitConfig, run_fit
 
     result = run_fit(
         FitConfig(

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import click
+from bdsgd.stages.importer import FORMATS, ImportConfig, run_import
 
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
-from stages.importer import FORMATS, ImportConfig, run_import
 
 
 def _col(flag: str, default: str | None, what: str) -> click.Option:

@@ -30,7 +30,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @run_stage
 def profile(json_out: bool, traces: str, **kwargs) -> None:
     """Measure N real worker processes into Parquet run-time traces (fully synchronous)."""
-    from stages.profile import ProfileConfig, run_profile
+    from bdsgd.stages.profile import ProfileConfig, run_profile
 
     result = run_profile(ProfileConfig(traces=Path(traces), **kwargs))
     if json_out and result is not None:  # None: a torchrun worker rank

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from bdsgd.stages.report import ReportConfig, run_report
 
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
-from stages.report import ReportConfig, run_report
 
 
 @click.command("report")

@@ -87,7 +87,7 @@ def simulate(
 ) -> None:
     """Replay recorded run-times (or the fitted model's own samples) through every cutoff and
     asynchronous policy, and rank them by throughput against the oracle."""
-    from stages.simulate import SimulateConfig, run_simulate
+    from bdsgd.stages.simulate import SimulateConfig, run_simulate
 
     config = SimulateConfig(
         traces=Path(traces) if traces else None,
@@ -129,11 +129,10 @@ def spec_json(summary: dict) -> dict:
 def print_ranking(summary: dict) -> None:
     """A rich table on stderr, best throughput (with --noise-scale: goodput) first, naming the
     best cutoff policy."""
+    from bdsgd.stages.console import console
+    from bdsgd.stages.policies.selfcheck import lean_message
     from rich import box
     from rich.table import Table
-
-    from stages.console import console
-    from stages.policies.selfcheck import lean_message
 
     title = f"{summary['workers']} workers, {summary['iterations']} iterations"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)

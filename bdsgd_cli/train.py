@@ -115,7 +115,7 @@ def train(json_out: bool, resume: str | None, **kwargs) -> None:
     all-reduce among worker replicas, or a parameter server with --engine ps), or apply every K
     arrivals while stragglers keep computing (asynchronous, parameter server); append every
     observation (censored ones too) to the traces."""
-    from stages.train import run_train
+    from bdsgd.stages.train import run_train
 
     cfg = _config(resume, kwargs)
     summary = run_train(cfg, resume=resume is not None)
@@ -137,7 +137,7 @@ def check_resume_flags(ctx: click.Context) -> None:
         in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
     ]
     if ignored:
-        from stages.errors import ConfigError
+        from bdsgd.stages.errors import ConfigError
 
         raise ConfigError(
             f"--resume continues with the settings in RUN_DIR/config.json; only --iterations, "
@@ -146,8 +146,8 @@ def check_resume_flags(ctx: click.Context) -> None:
 
 
 def _config(resume: str | None, kw: dict):
-    from stages.errors import ConfigError
-    from stages.train import TrainConfig, resume_config
+    from bdsgd.stages.errors import ConfigError
+    from bdsgd.stages.train import TrainConfig, resume_config
 
     if resume:
         ctx = click.get_current_context()

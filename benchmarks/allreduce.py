@@ -9,10 +9,9 @@ import time
 
 import torch
 import torch.distributed as dist
-
-from stages.engine import protocol as P
-from stages.engine.collective import star_sum
-from stages.workloads import load_workload
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.collective import star_sum
+from bdsgd.stages.workloads import load_workload
 
 
 def _worker(

@@ -9,8 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from stages.engine.checkpoint import STATE_FILE, Checkpointer
-from stages.safe_load import save_atomic
+from bdsgd.stages.engine.checkpoint import STATE_FILE, Checkpointer
+from bdsgd.stages.safe_load import save_atomic
 
 ROW = dict(  # one iteration-log row as the engine writes it (every column a collective run has)
     policy="bdsgd", iteration=0, wall_s=1.5, workers=6, eval_loss=None, staleness=0.0,

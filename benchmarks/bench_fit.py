@@ -16,10 +16,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from stages.fit import FitConfig, run_fit
-from stages.store import TraceStore
-from stages.stragglers import SyntheticCluster
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.stragglers import SyntheticCluster
 
 CASES = {
     "defaults": SyntheticCluster(seed=1, hosts=8),

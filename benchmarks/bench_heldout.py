@@ -41,15 +41,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint, save_checkpoint
+from bdsgd.stages.model.evaluate import evaluate as held_out
+from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
+from bdsgd.stages.simulate import SimulateConfig, compare
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
+from bdsgd.stages.stragglers import SyntheticCluster
 
 from benchmarks import clusters
-from stages.fit import FitConfig, run_fit
-from stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint, save_checkpoint
-from stages.model.evaluate import evaluate as held_out
-from stages.model.recalibrate import common_slowdown, recalibration_spans
-from stages.simulate import SimulateConfig, compare
-from stages.store import RunMatrix, TraceStore, matrix_rows
-from stages.stragglers import SyntheticCluster
 
 HOLDOUT_FROM = 0.8
 RECALIBRATED_ON = "held-out half, shared slowdown, spread factor below 85%, tightened above 95%, online x_(c) spread"  # marks fit figures made with fit's current recalibration

@@ -13,10 +13,9 @@ import time
 
 import numpy as np
 import torch
-
-from stages.model.data import Normaliser
-from stages.model.predictor import RuntimePredictor
-from stages.model.runtime_model import ModelConfig, RuntimeModel
+from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.predictor import RuntimePredictor
+from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
 SAMPLES = 128
 POLICY_SAMPLES = 256  # what the bdsgd policy draws per decision
@@ -86,9 +85,9 @@ def decision(workers: int, hosts: int, iterations: int) -> dict:
     over independent log-normal arrivals by the drivers' :class:`IterationDriver`; and of the
     ``observe`` that follows (the peers' shadow choices and scores, the filter update: after the
     iteration, not in the decision)."""
-    from stages.policies.cutoff import BdsgdCutoff
-    from stages.policies.driver import IterationDriver
-    from stages.policies.registry import decision_samples, with_self_check
+    from bdsgd.stages.policies.cutoff import BdsgdCutoff
+    from bdsgd.stages.policies.driver import IterationDriver
+    from bdsgd.stages.policies.registry import decision_samples, with_self_check
 
     pred = _predictor(workers, hosts)
     own = BdsgdCutoff(pred, num_samples=decision_samples(POLICY_SAMPLES, workers))
@@ -153,7 +152,7 @@ def run(quick: bool = False) -> str:
     finally:
         torch.set_num_threads(threads)
     lines = [
-        "## Predictor latency (`stages.model.predictor`)",
+        "## Predictor latency (`bdsgd.stages.model.predictor`)",
         "",
         f"One CPU thread, S = {SAMPLES} joint samples; machine: {platform.machine()}, "
         f"{platform.processor() or platform.platform()}, torch {torch.__version__}.",

@@ -27,13 +27,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from stages.policies.base import Policy
-from stages.policies.cutoff import BdsgdCutoff
-from stages.policies.registry import default_policy_specs, make_policy
-from stages.simulate import SimulateConfig, compare, replay
-from stages.store import RunMatrix
-from stages.stragglers import SyntheticCluster
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.cutoff import BdsgdCutoff
+from bdsgd.stages.policies.registry import default_policy_specs, make_policy
+from bdsgd.stages.simulate import SimulateConfig, compare, replay
+from bdsgd.stages.store import RunMatrix
+from bdsgd.stages.stragglers import SyntheticCluster
 
 SAMPLES = 256
 
@@ -131,9 +130,9 @@ def objective_table(iterations: int, workers: int, seeds: tuple[int, ...]) -> st
 
 def untrained_bdsgd(workers: int) -> BdsgdCutoff:
     """bdsgd on an untrained model of the real architecture, hosts of 8 workers."""
-    from stages.model.data import Normaliser
-    from stages.model.predictor import RuntimePredictor
-    from stages.model.runtime_model import ModelConfig, RuntimeModel
+    from bdsgd.stages.model.data import Normaliser
+    from bdsgd.stages.model.predictor import RuntimePredictor
+    from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
     hosts = max(1, workers // 8)
     model = RuntimeModel(ModelConfig(num_workers=workers, num_hosts=hosts))

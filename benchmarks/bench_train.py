@@ -22,15 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.stragglers import SyntheticCluster
+from bdsgd.stages.train import SmoothedLoss, TrainConfig, run_train, time_to_loss
 
 from benchmarks.allreduce import allreduce_iterations_per_s
-from stages.engine.config import EngineConfig
-from stages.engine.launch import run_engine
-from stages.fit import FitConfig, run_fit
-from stages.policies.registry import make_policy
-from stages.store import TraceStore
-from stages.stragglers import SyntheticCluster
-from stages.train import SmoothedLoss, TrainConfig, run_train, time_to_loss
 
 WORKERS = 6
 CLUSTER = SyntheticCluster(

@@ -20,13 +20,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from schemas.run_dir import iterations_table, write_run_dir
-from stages.fit import FitConfig, run_fit
-from stages.report import ReportConfig, run_report
-from stages.simulate import SimulateConfig, run_simulate
-from stages.store import RunMatrix, TraceStore, matrix_rows
-from stages.stragglers import SyntheticCluster
+from bdsgd.schemas.run_dir import iterations_table, write_run_dir
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.report import ReportConfig, run_report
+from bdsgd.stages.simulate import SimulateConfig, run_simulate
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
+from bdsgd.stages.stragglers import SyntheticCluster
 
 WORKERS, ITERATIONS, BATCH = 16, 1600, 32
 FROM_FRAC = 0.5

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from bdsgd.schemas.run_dir import write_atomic
 from rich.console import Console
 from rich.progress import Progress
-
-from schemas.run_dir import write_atomic
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPRODUCE = "make bench"

@@ -1,6 +1,6 @@
 """Data contracts of bdsgd. ``trace_v1`` is the run-time trace schema every reader and writer uses."""
 
-from schemas.trace_v1 import (
+from bdsgd.schemas.trace_v1 import (
     COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,

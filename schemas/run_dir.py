@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from stages.errors import BdsgdError, ConfigError
+from bdsgd.stages.errors import BdsgdError, ConfigError
 
 SUMMARY = "summary.json"
 ITERATIONS = "iterations.parquet"

@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from stages.errors import TraceError
+from bdsgd.stages.errors import TraceError
 
 SCHEMA_VERSION = "1"
 VERSION_KEY = b"bdsgd.trace_schema"

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stages.errors import ConfigError
+from bdsgd.stages.errors import ConfigError
 
 WORKER_BYTES = 320 * 2**20
 """Resident memory to budget per worker: a worker of the built-in mlp holds ~290 MB."""

@@ -3,9 +3,9 @@
 Each run's last ``holdout`` share of iterations is held out; SVI (ELBO, ClippedAdam) trains on
 random windows of the first part of every run and of a copy of it cut off as a cutoff policy
 would (see :func:`policy_censored`: the model is used on censored data, so it learns from some),
-:mod:`stages.model.recalibrate` measures on the first half of the held-out part how much
+:mod:`bdsgd.stages.model.recalibrate` measures on the first half of the held-out part how much
 slowdown all workers share beyond what the model predicts (so that x_(c) is calibrated), then
-:mod:`stages.model.evaluate` scores the
+:mod:`bdsgd.stages.model.evaluate` scores the
 held-out part for the model and the ``window``/``ewma`` baselines, and the checkpoint is written.
 Runs recorded under an asynchronous policy (``async``, ``adasync``, ``k-async:K``) are skipped
 with a note: their rows count each worker's own computations, not iterations begun together.
@@ -22,14 +22,9 @@ import numpy as np
 import polars as pl
 import pyro
 import torch
-from pyro.infer import SVI, TraceMeanField_ELBO
-from pyro.optim import ClippedAdam
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from stages.console import console
-from stages.errors import ConfigError, TraceError
-from stages.model.checkpoint import (
+from bdsgd.stages.console import console
+from bdsgd.stages.errors import ConfigError, TraceError
+from bdsgd.stages.model.checkpoint import (
     MAX_WIDTH,
     Checkpoint,
     Vocab,
@@ -38,11 +33,15 @@ from stages.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
-from stages.model.evaluate import NllReport, evaluate, split
-from stages.model.recalibrate import common_slowdown, recalibration_spans
-from stages.model.runtime_model import ModelConfig, RuntimeModel
-from stages.store import RunMatrix, TraceStore, to_run_matrix
+from bdsgd.stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
+from bdsgd.stages.model.evaluate import NllReport, evaluate, split
+from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
+from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
+from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
+from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.optim import ClippedAdam
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +70,7 @@ class FitConfig:
     """Initial learning rate; it decays tenfold over the steps."""
     holdout: float = 0.2
     """Share of each run's last iterations held out for val_nll (0: train on all, no val_nll).
-    Its first half also measures the shared slowdown (``stages.model.recalibrate``), so the
+    Its first half also measures the shared slowdown (``bdsgd.stages.model.recalibrate``), so the
     reported calibration covers its second half only."""
     z_dim: int = 8
     """Latent state size K."""
@@ -122,7 +121,7 @@ class FitResult:
     losses: list[float] = field(repr=False)
     """ELBO loss per SVI step, nats per training entry (lower is better)."""
     calibration: dict | None = None
-    """Held-out calibration of the predictive (``stages.model.evaluate.PitCollector``)."""
+    """Held-out calibration of the predictive (``bdsgd.stages.model.evaluate.PitCollector``)."""
 
     def to_json(self) -> dict:
         return {

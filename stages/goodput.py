@@ -37,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from stages.errors import ConfigError
+from bdsgd.stages.errors import ConfigError
 
 DEFAULT_ALPHA = 0.02  # EMA weight of one iteration: about the last 100 iterations count
 

@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
-
-from schemas import to_table, validate_table
-from stages.errors import ConfigError, TraceError, first_line
-from stages.store import TraceStore, new_run_id
+from bdsgd.schemas import to_table, validate_table
+from bdsgd.stages.errors import ConfigError, TraceError, first_line
+from bdsgd.stages.store import TraceStore, new_run_id
 
 FORMATS = ("auto", "csv", "parquet")
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -12,16 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+from bdsgd.stages.capacity import check_capacity
+from bdsgd.stages.console import console, progress
+from bdsgd.stages.engine.config import engine_config
+from bdsgd.stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
+from bdsgd.stages.errors import BdsgdError, ConfigError
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.store import TraceStore, new_run_id
+from bdsgd.stages.stragglers import parse_stragglers
 from rich.table import Table
-
-from stages.capacity import check_capacity
-from stages.console import console, progress
-from stages.engine.config import engine_config
-from stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
-from stages.errors import BdsgdError, ConfigError
-from stages.policies.registry import make_policy
-from stages.store import TraceStore, new_run_id
-from stages.stragglers import parse_stragglers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +55,7 @@ class ProfileConfig:
     timeout_s: float = 60.0
     """Longest wait on another process before it is declared dead."""
     allow_oversubscribe: bool = False
-    """Start more workers than this machine runs (:mod:`stages.capacity`)."""
+    """Start more workers than this machine runs (:mod:`bdsgd.stages.capacity`)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:

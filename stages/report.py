@@ -35,11 +35,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
+from bdsgd.schemas.run_dir import check_output_dir, read_run_dir, write_atomic  # noqa: E402
+from bdsgd.stages.errors import BdsgdError, ConfigError  # noqa: E402
+from bdsgd.stages.store import RunMatrix, read_trace_path, to_run_matrix  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from schemas.run_dir import check_output_dir, read_run_dir, write_atomic  # noqa: E402
-from stages.errors import BdsgdError, ConfigError  # noqa: E402
-from stages.store import RunMatrix, read_trace_path, to_run_matrix  # noqa: E402
 
 INDEX = "index.md"
 MARKER = "report.json"  # written first, so a directory holding any report file holds it too

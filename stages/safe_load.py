@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 import torch
-
-from stages.errors import CheckpointError, first_line
+from bdsgd.stages.errors import CheckpointError, first_line
 
 
 def load_plain(path: Path, what: str) -> dict:

@@ -23,7 +23,7 @@ simulates only the rest, so a checkpoint fitted on the early part is judged on t
 by iteration, which the replay cannot measure: before each sync iteration t the policy gets
 ``set_noise_scale(B_t, batch)`` (the ``:goodput`` policies use it), every sync iteration records
 ``noise_scale`` and ``gain`` = gain(c_t), and each sync policy reports ``goodput``, sum gain(c_t)
-/ sum iteration time (one-worker steps per second; ``stages.goodput``), next to its throughput.
+/ sum iteration time (one-worker steps per second; ``bdsgd.stages.goodput``), next to its throughput.
 """
 
 from __future__ import annotations
@@ -38,16 +38,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from schemas.run_dir import ITERATIONS, SUMMARY, check_output_dir
-from stages.console import console, progress
-from stages.errors import ConfigError
-from stages.goodput import NoiseSchedule
-from stages.policies.base import Policy
-from stages.policies.driver import IterationDriver, Outcome
-from stages.policies.registry import default_policy_specs, make_policy
-from stages.policies.selfcheck import self_check_report
-from stages.store import RunMatrix, TraceStore
+from bdsgd.schemas.run_dir import ITERATIONS, SUMMARY, check_output_dir
+from bdsgd.stages.console import console, progress
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.goodput import NoiseSchedule
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.driver import IterationDriver, Outcome
+from bdsgd.stages.policies.registry import default_policy_specs, make_policy
+from bdsgd.stages.policies.selfcheck import self_check_report
+from bdsgd.stages.store import RunMatrix, TraceStore
 
 SAMPLE_SEED_OFFSET = 1_000_003
 PRED_KEYS = ("pred_q10", "pred_q50", "pred_q90")
@@ -469,7 +468,7 @@ def sample_run(checkpoint: Path, iterations: int, seed: int) -> RunMatrix:
     """T iterations of joint run-times drawn from the fitted model, each fed back to its filter
     as an uncensored observation (the model generating a run of its own). Its random stream is
     seeded apart from the bdsgd policy's, so the policy does not see the draws coming."""
-    from stages.model.predictor import load_predictor
+    from bdsgd.stages.model.predictor import load_predictor
 
     predictor = load_predictor(checkpoint, seed=seed + SAMPLE_SEED_OFFSET)
     rows = []
@@ -538,8 +537,8 @@ def run_simulate(config: SimulateConfig) -> dict:
 
 
 def write_simulation(config: SimulateConfig, summary: dict, replays: list[PolicyRun]) -> None:
-    """The run directory (``schemas.run_dir``): one iterations row per (policy, update)."""
-    from schemas.run_dir import iterations_table, write_run_dir
+    """The run directory (``bdsgd.schemas.run_dir``): one iterations row per (policy, update)."""
+    from bdsgd.schemas.run_dir import iterations_table, write_run_dir
 
     columns: dict[str, list] = {key: [] for key in ("policy", *RUN_DIR_COLUMNS)}
     for r in replays:

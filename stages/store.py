@@ -22,11 +22,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from bdsgd.schemas import to_table, validate_schema, validate_table, validate_values
+from bdsgd.stages.console import console
+from bdsgd.stages.errors import TraceError, first_line
 from rich.markup import escape
-
-from schemas import to_table, validate_schema, validate_table, validate_values
-from stages.console import console
-from stages.errors import TraceError, first_line
 
 PART_GLOB = "part-*.parquet"
 

@@ -24,8 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from stages.errors import ConfigError, TraceError
+from bdsgd.stages.errors import ConfigError, TraceError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,7 +293,7 @@ def _parse_params(arg: str) -> dict:
 
 def load_replay(path: str) -> ReplayCluster:
     """Read the first run of a schema-v1 trace (store directory or file) for replay."""
-    from stages.store import read_trace_path, to_run_matrix
+    from bdsgd.stages.store import read_trace_path, to_run_matrix
 
     df = read_trace_path(path)
     first = sorted(df["run_id"].unique())[0]

@@ -2,7 +2,7 @@
 (synchronous: apply the first c gradients of an iteration) or an asynchronous one (``k-async:K``,
 ``async``, ``adasync``: apply every K arrivals, stragglers keep computing and land late).
 
-The engine (``stages.engine``) runs the iterations (updates, for the asynchronous policies); this
+The engine (``bdsgd.stages.engine``) runs the iterations (updates, for the asynchronous policies); this
 stage builds the policy, keeps the run directory (config, server checkpoint, per-iteration
 metrics, summary), resumes a killed run and turns the iteration log into the SPEC's summary.
 """
@@ -17,28 +17,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from schemas.run_dir import iterations_table, write_atomic, write_run_dir
-from stages.capacity import check_capacity
-from stages.console import console, progress
-from stages.engine.base import READABLE_STATE_VERSIONS, StopRun
-from stages.engine.checkpoint import STATE_FILE, remove_segments, with_whole_log
-from stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
-from stages.engine.launch import (
+from bdsgd.schemas.run_dir import iterations_table, write_atomic, write_run_dir
+from bdsgd.stages.capacity import check_capacity
+from bdsgd.stages.console import console, progress
+from bdsgd.stages.engine.base import READABLE_STATE_VERSIONS, StopRun
+from bdsgd.stages.engine.checkpoint import STATE_FILE, remove_segments, with_whole_log
+from bdsgd.stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
+from bdsgd.stages.engine.launch import (
     EngineResult,
     Torchrun,
     run_engine,
     run_torchrun_worker,
     variant,
 )
-from stages.errors import BdsgdError, CheckpointError, ConfigError
-from stages.policies.base import Policy
-from stages.policies.registry import make_policy
-from stages.policies.selfcheck import lean_message, self_check_report
-from stages.profile import engine_hosts
-from stages.safe_load import load_plain
-from stages.store import TraceStore, new_run_id
-from stages.workloads import BUILTIN
+from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.policies.selfcheck import lean_message, self_check_report
+from bdsgd.stages.profile import engine_hosts
+from bdsgd.stages.safe_load import load_plain
+from bdsgd.stages.store import TraceStore, new_run_id
+from bdsgd.stages.workloads import BUILTIN
 
 CONFIG_FILE = "config.json"
 
@@ -81,7 +80,7 @@ class TrainConfig:
     """Learning rate when every live worker's gradient is applied."""
     lr_scaling: str = "linear"
     """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)), none, or adascale
-    (lr*gain(c)/gain(N) from the gradient noise scale, ``stages.goodput.adascale_factor``)."""
+    (lr*gain(c)/gain(N) from the gradient noise scale, ``bdsgd.stages.goodput.adascale_factor``)."""
     seed: int = 0
     """Seed of the workload, the data streams, the stragglers and the policy."""
     target_loss: float | None = None
@@ -110,7 +109,7 @@ class TrainConfig:
     timeout_s: float = 60.0
     """Longest wait on another process before it is declared dead."""
     allow_oversubscribe: bool = False
-    """Start more workers than this machine runs (:mod:`stages.capacity`)."""
+    """Start more workers than this machine runs (:mod:`bdsgd.stages.capacity`)."""
     force: bool = False
     """Write into an ``out`` that is neither empty nor a new path (a previous run's files there
     are replaced)."""

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from bdsgd.stages.errors import ConfigError
 from torch import nn
-
-from stages.errors import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -131,7 +130,7 @@ def build_workload(spec: str, factory: Callable[..., object], seed: int) -> Work
 
 def error_line(exc: BaseException) -> str:
     """``Type: first line of the message``: a workload's error, in one line (here and in the
-    workers, :func:`stages.engine.worker.workload_code`)."""
+    workers, :func:`bdsgd.stages.engine.worker.workload_code`)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 

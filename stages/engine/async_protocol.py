@@ -1,5 +1,5 @@
 """Store keys, payloads and process groups of the engine's asynchronous mode (``k-async``,
-``async``, ``adasync``), kept apart from the synchronous protocol (:mod:`stages.engine.protocol`).
+``async``, ``adasync``), kept apart from the synchronous protocol (:mod:`bdsgd.stages.engine.protocol`).
 
 Every worker has its own two-member gloo group with the server (a "pair"), so a worker that dies
 breaks only its own pair: nobody else has to rebuild a group while the others keep computing.

@@ -19,13 +19,12 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from bdsgd.stages.engine import async_protocol as A
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import Engine, ServerModel, interrupts_deferred
+from bdsgd.stages.engine.config import scaled_lr
+from bdsgd.stages.engine.report import WorkerReport
 from torch.nn.utils import parameters_to_vector
-
-from stages.engine import async_protocol as A
-from stages.engine import protocol as P
-from stages.engine.base import Engine, ServerModel, interrupts_deferred
-from stages.engine.config import scaled_lr
-from stages.engine.report import WorkerReport
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 import time
 
 import torch
+from bdsgd.stages.engine import async_protocol as A
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.worker import WorkerProcess, WorkerSpec, worker_entry
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
-
-from stages.engine import async_protocol as A
-from stages.engine import protocol as P
-from stages.engine.worker import WorkerProcess, WorkerSpec, worker_entry
 
 
 class AsyncWorker(WorkerProcess):

@@ -3,9 +3,9 @@ per-iteration metrics row, trace rows built from worker reports, and the checkpo
 ``--resume`` continues from. A variant implements :meth:`Engine.step` -- how one iteration admits
 gradients -- and the few hooks its way of holding parameters needs.
 
-Variants: :class:`stages.engine.ps.ParameterServer` (synchronous cutoff through a parameter
-server), :class:`stages.engine.collective.Coordinator` (the cutoff inside an all-reduce among
-worker replicas) and :class:`stages.engine.async_server.AsyncServer` (k-async, async, adasync).
+Variants: :class:`bdsgd.stages.engine.ps.ParameterServer` (synchronous cutoff through a parameter
+server), :class:`bdsgd.stages.engine.collective.Coordinator` (the cutoff inside an all-reduce among
+worker replicas) and :class:`bdsgd.stages.engine.async_server.AsyncServer` (k-async, async, adasync).
 """
 
 from __future__ import annotations
@@ -21,17 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from stages.console import console
-from stages.engine import protocol as P
-from stages.engine.config import EngineConfig, sgd
-from stages.engine.janitor import KeyJanitor
-from stages.engine.report import WorkerReport
-from stages.errors import WorkerError
-from stages.policies.base import Policy
-from stages.stop import STOP_REQUESTED
-from stages.store import TraceWriter
-from stages.workloads import Workload
+from bdsgd.stages.console import console
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.config import EngineConfig, sgd
+from bdsgd.stages.engine.janitor import KeyJanitor
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.errors import WorkerError
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.stop import STOP_REQUESTED
+from bdsgd.stages.store import TraceWriter
+from bdsgd.stages.workloads import Workload
 
 STATE_VERSION = 3  # 3: the iteration log's older rows in segments (checkpoint.py)
 READABLE_STATE_VERSIONS = (2, 3)  # 2 holds the whole log: it resumes as it is

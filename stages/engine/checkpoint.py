@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from stages.errors import CheckpointError
-from stages.safe_load import load_plain, save_atomic
+from bdsgd.stages.errors import CheckpointError
+from bdsgd.stages.safe_load import load_plain, save_atomic
 
 STATE_FILE = "server_state.pt"
 LOG_DIR = "log"

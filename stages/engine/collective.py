@@ -6,7 +6,7 @@ one round trip, saying through which iteration it holds, then ``go/<t>`` =
 block's first iteration alone), and cuts. At the cut every
 live replica enters one all-reduce of (gradient sum, sample count, ..., report slots) -- admitted
 workers contribute their gradient, cut-off ones zeros (or, with ``--salvage``, the micro-batches
-they finished) -- and steps (:mod:`stages.engine.replica`). A replica computes its next gradient
+they finished) -- and steps (:mod:`bdsgd.stages.engine.replica`). A replica computes its next gradient
 as soon as it has stepped, before it reads the next announcement (which only says how many
 gradients are admitted).
 
@@ -42,14 +42,13 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from stages.engine import protocol as P
-from stages.engine.base import interrupts_deferred
-from stages.engine.config import scaled_lr
-from stages.engine.report import WorkerReport
-from stages.engine.sync import SyncEngine
-from stages.errors import WorkerError
-from stages.workloads import resolve_device
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import interrupts_deferred
+from bdsgd.stages.engine.config import scaled_lr
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.sync import SyncEngine
+from bdsgd.stages.errors import WorkerError
+from bdsgd.stages.workloads import resolve_device
 
 FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
 ALLREDUCE_KEY = "callreduce"  # how the replicas sum: "ring" or "star" (allreduce_algorithm)
@@ -339,7 +338,7 @@ class Coordinator(SyncEngine):
 
     def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
         """Step k is read (or failed): it carried the held-out loss of the due iteration
-        before it, if any, summed by its all-reduce (:mod:`stages.engine.replica`); a due
+        before it, if any, summed by its all-reduce (:mod:`bdsgd.stages.engine.replica`); a due
         iteration before k whose loss no step carried (a regrouping came between) goes
         without one."""
         if evaluated is not None and evaluated[0] in self.pending_evals:

@@ -8,8 +8,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from stages.errors import ConfigError
+from bdsgd.stages.errors import ConfigError
 
 ENGINES = ("auto", "collective", "ps")
 DEVICES = ("auto", "cpu", "cuda")

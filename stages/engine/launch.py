@@ -21,23 +21,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from stages.engine import async_protocol as A
-from stages.engine import protocol as P
-from stages.engine import spawned
-from stages.engine.async_server import AsyncServer
-from stages.engine.async_worker import async_worker_main
-from stages.engine.base import Engine, StopRun
-from stages.engine.checkpoint import Checkpointer
-from stages.engine.collective import Coordinator, publish_settings
-from stages.engine.config import EngineConfig
-from stages.engine.ps import ParameterServer
-from stages.engine.replica import replica_main
-from stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
-from stages.errors import ConfigError, WorkerError
-from stages.policies.base import Policy
-from stages.store import TraceStore, TraceWriter
-from stages.workloads import load_workload
+from bdsgd.stages.engine import async_protocol as A
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine import spawned
+from bdsgd.stages.engine.async_server import AsyncServer
+from bdsgd.stages.engine.async_worker import async_worker_main
+from bdsgd.stages.engine.base import Engine, StopRun
+from bdsgd.stages.engine.checkpoint import Checkpointer
+from bdsgd.stages.engine.collective import Coordinator, publish_settings
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.ps import ParameterServer
+from bdsgd.stages.engine.replica import replica_main
+from bdsgd.stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
+from bdsgd.stages.errors import ConfigError, WorkerError
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.store import TraceStore, TraceWriter
+from bdsgd.stages.workloads import load_workload
 
 MAX_PENDING_ROWS = 1 << 15  # trace rows the writer holds before it writes a file unasked
 
@@ -138,7 +137,7 @@ def run_engine(
 
 def spawn_workers(cfg: EngineConfig, port: int, main, procs: list[mp.Process]) -> None:
     """Start the workers (into ``procs``, so a Ctrl-C midway leaves every started one to reap),
-    each through :func:`stages.engine.spawned.run`, which ignores SIGINT before it imports
+    each through :func:`bdsgd.stages.engine.spawned.run`, which ignores SIGINT before it imports
     ``main``'s module."""
     ctx = mp.get_context("spawn")
     target = f"{main.__module__}:{main.__qualname__}"
@@ -207,7 +206,7 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
 
 def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
     """Wait (bounded) for the workers to exit, then kill them (they ignore SIGTERM:
-    :mod:`stages.engine.spawned`)."""
+    :mod:`bdsgd.stages.engine.spawned`)."""
     deadline = time.monotonic() + grace_s
     for proc in procs:
         proc.join(max(deadline - time.monotonic(), 0.1))

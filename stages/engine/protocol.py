@@ -11,8 +11,7 @@ from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
-
-from stages.errors import WorkerError
+from bdsgd.stages.errors import WorkerError
 
 PARAMS_TAG = 1
 GRAD_TAG = 2

@@ -10,13 +10,12 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import ServerModel
+from bdsgd.stages.engine.config import scaled_lr
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.sync import SyncEngine
 from torch.nn.utils import parameters_to_vector
-
-from stages.engine import protocol as P
-from stages.engine.base import ServerModel
-from stages.engine.config import scaled_lr
-from stages.engine.report import WorkerReport
-from stages.engine.sync import SyncEngine
 
 
 class ParameterServer(SyncEngine):

@@ -16,7 +16,7 @@ all-reduce, which carries it anyway: on 2 cores that the replicas fill, one repl
 whole batch held the others at the sum for that long (about 8% of the iterations per second of 2
 workers). The lowest replica publishes it with that iteration's step.
 
-See :mod:`stages.engine.collective` for the coordinator and the failure protocol.
+See :mod:`bdsgd.stages.engine.collective` for the coordinator and the failure protocol.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ import time
 
 import torch
 import torch.distributed as dist
-
-from stages.engine import collective as C
-from stages.engine import protocol as P
-from stages.engine.config import scaled_lr
-from stages.engine.report import SLOT, WorkerReport
-from stages.engine.worker import (
+from bdsgd.stages.engine import collective as C
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.config import scaled_lr
+from bdsgd.stages.engine.report import SLOT, WorkerReport
+from bdsgd.stages.engine.worker import (
     WorkerProcess,
     WorkerSpec,
     check_member,
@@ -42,8 +41,8 @@ from stages.engine.worker import (
     worker_entry,
     workload_code,
 )
-from stages.goodput import NoiseScale
-from stages.workloads import backend_for, resolve_device
+from bdsgd.stages.goodput import NoiseScale
+from bdsgd.stages.workloads import backend_for, resolve_device
 
 SCALARS = 5  # samples, |g_i|^2, contributions, held-out loss (a member's part), evaluators
 
@@ -190,7 +189,7 @@ class Replica(WorkerProcess):
 
     def all_reduce(self) -> bool:
         """The one collective of an iteration (gloo's ring all-reduce, NCCL's, or the star:
-        :func:`stages.engine.collective.allreduce_algorithm`); False if it failed (a member
+        :func:`bdsgd.stages.engine.collective.allreduce_algorithm`); False if it failed (a member
         died or hangs)."""
         try:
             (self.star_sum() if self.star else self.ring_sum())()
@@ -203,7 +202,7 @@ class Replica(WorkerProcess):
         return self.group.allreduce([self.comm]).wait
 
     def star_sum(self):
-        """The star (:func:`stages.engine.collective.star_sum`), the lowest member at its root."""
+        """The star (:func:`bdsgd.stages.engine.collective.star_sum`), the lowest member at its root."""
         rank = self.members.index(self.spec.worker_id)
         return C.star_sum(self.group, rank, len(self.members), self.comm, self.inbox)
 
@@ -338,13 +337,13 @@ class Replica(WorkerProcess):
 
     def step_parts(self) -> tuple:
         """The last all-reduce as it is published: the arguments of
-        :func:`stages.engine.collective.encode_step` (the reduced slots copied out of the
+        :func:`bdsgd.stages.engine.collective.encode_step` (the reduced slots copied out of the
         buffer the next all-reduce reuses)."""
         return self.noise_stats, self.comm_slots.cpu().numpy().tobytes(), self.evaluated
 
     def publish_steps(self, every: bool = False) -> None:
         """The steps of a fixed c not yet published, in one round trip, each under its own key
-        (:func:`stages.engine.collective.batch_values`), by the lowest replica: before it waits
+        (:func:`bdsgd.stages.engine.collective.batch_values`), by the lowest replica: before it waits
         for anything the coordinator does after reading them (its next block, a new generation)
         and at the end. With ``every``, by any member, with the last batch too (after a failed
         all-reduce, and before it joins a new generation: the lowest may have died before it

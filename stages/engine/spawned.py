@@ -1,6 +1,6 @@
 """The first code a spawned worker process runs. Ctrl-C is the engine's (a worker ends when the
 engine tells it to), but a Ctrl-C at the terminal reaches the whole process group: while a worker
-was still importing torch, before :func:`stages.engine.worker.worker_entry` could ignore SIGINT,
+was still importing torch, before :func:`bdsgd.stages.engine.worker.worker_entry` could ignore SIGINT,
 each printed a KeyboardInterrupt traceback. So SIGINT is ignored here first, and only then is the
 worker's module imported. SIGTERM too: the command turns its own SIGTERM into a Ctrl-C
 (:func:`bdsgd_cli.common.sigterm_as_ctrl_c`), and a scheduler that sends it to the whole process

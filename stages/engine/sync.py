@@ -17,13 +17,12 @@ import abc
 import time
 
 import numpy as np
-
-from stages.engine import protocol as P
-from stages.engine.base import Engine, interrupt_held, interrupts_deferred
-from stages.engine.report import WorkerReport
-from stages.goodput import NoiseScale
-from stages.policies.driver import IterationDriver, Outcome
-from stages.stragglers import parse_stragglers
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import Engine, interrupt_held, interrupts_deferred
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.goodput import NoiseScale
+from bdsgd.stages.policies.driver import IterationDriver, Outcome
+from bdsgd.stages.stragglers import parse_stragglers
 
 CLOSE_GRACE_S = 5.0  # how long a closing engine waits for a ticket holder to name itself
 HOLE_GRACE_S = 0.5  # how long a taken ticket may stay nameless before a dead holder is assumed

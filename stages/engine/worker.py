@@ -22,12 +22,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from stages.engine import protocol as P
-from stages.engine.config import EngineConfig
-from stages.engine.report import WorkerReport
-from stages.stragglers import parse_stragglers
-from stages.workloads import Workload, error_line, load_workload
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.stragglers import parse_stragglers
+from bdsgd.stages.workloads import Workload, error_line, load_workload
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,9 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     (quietly: the engine says why). An error of the workload's own code (its model failing, a
     GPU out of memory) is one line on stderr before it exits: the engine only sees a dead
     worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (already, when spawned: stages.engine.spawned)
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # (already, when spawned: bdsgd.stages.engine.spawned)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
     try:

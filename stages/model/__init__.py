@@ -2,6 +2,6 @@
 preparation (``data``), checkpoints (``checkpoint``), the per-iteration predictor for policies
 (``predictor``) and held-out evaluation (``evaluate``)."""
 
-from stages.model.predictor import RuntimePredictor, load_predictor
+from bdsgd.stages.model.predictor import RuntimePredictor, load_predictor
 
 __all__ = ["RuntimePredictor", "load_predictor"]

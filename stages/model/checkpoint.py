@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from schemas.trace_v1 import MAX_WORLD_SIZE
-from stages.errors import CheckpointError, first_line
-from stages.model.data import Normaliser
-from stages.model.runtime_model import ModelConfig, RuntimeModel
-from stages.safe_load import load_plain, save_atomic
+from bdsgd.schemas.trace_v1 import MAX_WORLD_SIZE
+from bdsgd.stages.errors import CheckpointError, first_line
+from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
+from bdsgd.stages.safe_load import load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
 VERSION = 4
@@ -39,7 +38,7 @@ REQUIRED_KEYS = frozenset({"format", "version", "model_config", "state_dict", "n
 MAX_WIDTH = 4096
 """Largest latent, hidden, embedding or phi size a checkpoint may give (fit's are 8-64)."""
 SIZE_LIMITS = {
-    "num_workers": (0, MAX_WORLD_SIZE),  # worker ids are 0..world_size - 1 (schemas.trace_v1)
+    "num_workers": (0, MAX_WORLD_SIZE),  # worker ids are 0..world_size - 1 (bdsgd.schemas.trace_v1)
     "num_hosts": (0, MAX_WORLD_SIZE),
     "z_dim": (1, MAX_WIDTH),
     "hidden": (1, MAX_WIDTH),
@@ -91,7 +90,7 @@ class Checkpoint:
     common: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0)
     """Shift and spread (normalised log units) of a log-slowdown shared by every worker in
     each joint draw, a factor on every worker's own spread and a factor (at most 1) on how far
-    the draws' locations spread about their mean, set by ``stages.model.recalibrate`` after
+    the draws' locations spread about their mean, set by ``bdsgd.stages.model.recalibrate`` after
     training ((0, 0, 1, 1): none)."""
 
 

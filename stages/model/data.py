@@ -42,8 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from stages.store import RunMatrix
+from bdsgd.stages.store import RunMatrix
 
 ALPHA_SLOW = 0.1
 ALPHA_FAST = 0.5

@@ -22,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from stages.estimators import EwmaLogNormal, WindowLogNormal, lognormal_logpdf_or_logsf
-from stages.model.checkpoint import Checkpoint
-from stages.model.online import order_statistic_at_cut
-from stages.model.predictor import predictor_from
-from stages.store import RunMatrix
+from bdsgd.stages.estimators import EwmaLogNormal, WindowLogNormal, lognormal_logpdf_or_logsf
+from bdsgd.stages.model.checkpoint import Checkpoint
+from bdsgd.stages.model.online import order_statistic_at_cut
+from bdsgd.stages.model.predictor import predictor_from
+from bdsgd.stages.store import RunMatrix
 
 
 @dataclass(frozen=True)

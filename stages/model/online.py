@@ -1,6 +1,6 @@
 """Online calibration of the order statistic a cutoff policy waits for.
 
-The recalibration of ``fit`` (:mod:`stages.model.recalibrate`) is measured once, on the first
+The recalibration of ``fit`` (:mod:`bdsgd.stages.model.recalibrate`) is measured once, on the first
 half of the held-out part. Where the cluster then changes, it no longer holds: on the benchmark
 clusters the x_(c) of the second half were covered 83% (``syn1``, whose second half had more slow
 spells than its first) and 98% (``load``, whose first half still held the filter's catching up
@@ -14,7 +14,7 @@ iteration whose x_(c) is shown (the c a cutoff policy would pick from the draws,
 moves up by ``STEP * 0.9`` if x_(c) fell outside the draws' central 90% interval and down by
 ``STEP * 0.1`` if inside. Over any stretch of iterations the share outside is then 10%, up to
 (the range of the log factor + ``STEP``) / (``STEP`` x the iterations), whatever the cluster does.
-The factor stretches the draws :meth:`stages.model.predictor.RuntimePredictor.sample` returns;
+The factor stretches the draws :meth:`bdsgd.stages.model.predictor.RuntimePredictor.sample` returns;
 the joint log-likelihood (``val_nll``) and the draws conditioned on arrivals (``remaining``) are
 the model's without it.
 """

@@ -15,13 +15,12 @@ import os
 
 import numpy as np
 import torch
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.model.checkpoint import Checkpoint, load_checkpoint
+from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups
+from bdsgd.stages.model.online import OnlineSpread
+from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
-
-from stages.errors import ConfigError
-from stages.model.checkpoint import Checkpoint, load_checkpoint
-from stages.model.data import HistoryFilter, Normaliser, host_groups
-from stages.model.online import OnlineSpread
-from stages.model.runtime_model import HostIndex, RuntimeModel
 
 DEFAULT_PARTICLES = 64
 CONSTANTS = ("shift", "widen", "jump", "log_pi", "log_1m_pi")  # WorkerParams fields Arrivals uses
@@ -43,7 +42,7 @@ class RuntimePredictor:
         online: bool = True,
     ):
         self.model = model.eval()
-        # the recalibration (stages.model.recalibrate): a shared log-slowdown (shift, sd) per
+        # the recalibration (bdsgd.stages.model.recalibrate): a shared log-slowdown (shift, sd) per
         # draw, a factor on the workers' own spreads and one on the spread of the draws' levels
         self.common = (*common, 1.0)[:4]
         self.online = OnlineSpread() if online else None  # x_(c)'s spread, adjusted as it goes
@@ -122,7 +121,7 @@ class RuntimePredictor:
 
         Each draw's shared level (the mean over workers of its normalised log run-times) is
         stretched about the draws' median level by the recalibrated factor times the online one
-        (:mod:`stages.model.online`): every worker of a draw moves by the same amount, so the
+        (:mod:`bdsgd.stages.model.online`): every worker of a draw moves by the same amount, so the
         spread of x_(c) scales with it. :meth:`remaining` conditions the unstretched draws."""
         loc, scale = self._next_y_params(num_samples)
         self._drawn, self._arrivals = (loc, scale), None

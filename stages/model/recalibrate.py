@@ -18,7 +18,7 @@ observed value. The shift is the median residual of the observed value from the 
 the spread is the smallest (in steps of 0.01) with which the central 90% interval of the draws,
 shifted and widened, holds at least 90% of the observed values there. The predictor then adds ``shift + spread * e`` (one ``e ~ N(0, 1)`` per joint
 draw, shared by every worker) to every worker's normalised log run-time
-(:class:`stages.model.predictor.RuntimePredictor`, ``common``): x_(c) moves and widens by exactly
+(:class:`bdsgd.stages.model.predictor.RuntimePredictor`, ``common``): x_(c) moves and widens by exactly
 that, the marginals by the same small amount.
 
 Before that, where the exact run-times of the span are clearly under-covered (less than 85%
@@ -31,22 +31,21 @@ point of throughput, hence the threshold.
 A shared spread can only widen x_(c)'s predictive. Where the span's x_(c) are clearly
 over-covered (more than ``TIGHTEN_ABOVE`` inside once shifted), :func:`tightened` instead narrows
 the spread of the draws' shared levels (the predictor's ``common[3]``, see
-:meth:`stages.model.predictor.RuntimePredictor.sample`) by the strongest factor of
+:meth:`bdsgd.stages.model.predictor.RuntimePredictor.sample`) by the strongest factor of
 ``TIGHTENINGS`` that still covers 90% of them. On ``load``, widened by 1.35 for its run-times,
 x_(c) was covered 97% on the span and 98% after it. All of this is measured once; where the
 cluster keeps changing after the span, the predictor goes on adjusting x_(c)'s spread online
-(:mod:`stages.model.online`).
+(:mod:`bdsgd.stages.model.online`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from stages.model.checkpoint import Checkpoint
-from stages.model.evaluate import _observed, split
-from stages.model.online import order_statistic_at_cut
-from stages.model.predictor import predictor_from
-from stages.store import RunMatrix
+from bdsgd.stages.model.checkpoint import Checkpoint
+from bdsgd.stages.model.evaluate import _observed, split
+from bdsgd.stages.model.online import order_statistic_at_cut
+from bdsgd.stages.model.predictor import predictor_from
+from bdsgd.stages.store import RunMatrix
 
 SHARE = 0.25  # without a held-out part: the share of each run, at its end, measured on
 MIN_ITERATIONS = 20  # fewer usable iterations than this: no recalibration

@@ -1,7 +1,7 @@
 """The deep generative run-time model (Pyro) and its amortized filtering guide.
 
 Notation: ``y_{t,w} = (log x_{t,w} - m) / s`` is worker w's normalised log run-time at iteration
-t; ``e, sd, f`` are its history features from ``y_{<t}`` (see :mod:`stages.model.data`);
+t; ``e, sd, f`` are its history features from ``y_{<t}`` (see :mod:`bdsgd.stages.model.data`);
 ``z_t in R^K`` is the latent cluster state.
 
 Generative model (one window of L iterations, N workers on hosts h(w))::
@@ -49,10 +49,9 @@ from dataclasses import asdict, dataclass
 import pyro
 import pyro.distributions as dist
 import torch
+from bdsgd.stages.model.data import NUM_FEATURES, RunTensors
 from torch import nn
 from torch.nn import functional as F
-
-from stages.model.data import NUM_FEATURES, RunTensors
 
 SOFTPLUS_ONE = 0.5413248546129181  # softplus(SOFTPLUS_ONE) == 1
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)

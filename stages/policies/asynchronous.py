@@ -22,9 +22,8 @@ the workers behave between updates:
 from __future__ import annotations
 
 import numpy as np
-
-from stages.errors import ConfigError
-from stages.policies.base import Policy
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.policies.base import Policy
 
 
 class _FixedK(Policy):

@@ -12,7 +12,7 @@ A sync policy with ``online = True`` may also revise c while the iteration runs:
 first arrival at which the arrivals reach the revised c.
 
 The driver also pushes, before each :meth:`Policy.choose`, the current gradient noise scale with
-:meth:`Policy.set_noise_scale` (``stages.goodput``); only the ``:goodput`` policies use it.
+:meth:`Policy.set_noise_scale` (``bdsgd.stages.goodput``); only the ``:goodput`` policies use it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Mode = Literal["sync", "k-batch-sync", "k-async"]
 
 
 class Predictor(Protocol):
-    """What the fitted run-time model offers a policy (see ``stages.model.predictor``)."""
+    """What the fitted run-time model offers a policy (see ``bdsgd.stages.model.predictor``)."""
 
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         """Advance the filter by one iteration: (N,) run-times and (N,) censoring flags."""
@@ -85,7 +85,7 @@ class Policy(abc.ABC):
         """The driver's current estimate of the gradient noise scale (``NoiseScale.value``: None
         while unknown, inf while noise drowns the signal) and the per-worker batch size, set
         before :meth:`choose` like ``overhead_s``. A ``:goodput`` policy values c gradients at
-        ``gain(c)`` (``stages.goodput.gain``) instead of c; the others ignore it."""
+        ``gain(c)`` (``bdsgd.stages.goodput.gain``) instead of c; the others ignore it."""
         self.noise_scale, self.batch_size = noise_scale, batch_size
 
     def describe(self) -> dict:

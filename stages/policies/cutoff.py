@@ -27,7 +27,7 @@ from; ``elfving`` (the paper's baseline) replaces the Monte Carlo order statisti
 closed form for a Gaussian and keeps the per-iteration rate; ``oracle`` sorts the true run-times.
 
 Goodput (``:goodput``, for ``elfving``, ``ecdf``, ``ewma`` and ``bdsgd``): c gradients are worth
-gain(c) one-worker steps, not c (``stages.goodput``: at most c, close to c while gradient noise
+gain(c) one-worker steps, not c (``bdsgd.stages.goodput``: at most c, close to c while gradient noise
 dominates, close to 1 when gradients agree), at the noise scale the driver pushes with
 ``set_noise_scale``. Every c above becomes gain(c), lambda included (the goodput achieved), in
 :meth:`MonteCarloCutoff.choose` and :meth:`MonteCarloCutoff.revise` alike. c = 1 is ruled out
@@ -42,12 +42,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.estimators import EwmaLogNormal, WindowLogNormal
+from bdsgd.stages.goodput import gain
+from bdsgd.stages.policies.base import Policy, Predictor
 from scipy.special import log_ndtr, ndtri, ndtri_exp
-
-from stages.errors import ConfigError
-from stages.estimators import EwmaLogNormal, WindowLogNormal
-from stages.goodput import gain
-from stages.policies.base import Policy, Predictor
 
 QUANTILES = (0.1, 0.5, 0.9)
 
@@ -355,7 +354,7 @@ class MonteCarloCutoff(Policy):
         self, runtimes: np.ndarray, censored: np.ndarray, gradients: int, seconds: float
     ) -> None:
         """:meth:`observe` for an iteration another policy decided while this one chose in its
-        shadow (``stages.policies.selfcheck``): lambda counts the ``gradients`` (their worth)
+        shadow (``bdsgd.stages.policies.selfcheck``): lambda counts the ``gradients`` (their worth)
         and ``seconds`` (fixed cost included) this policy would have had; it learns from what
         was seen."""
         worth = self.worth_of_count()

@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
-from stages.policies.base import Policy
+from bdsgd.stages.policies.base import Policy
 
 MIN_RUNTIME_S = 1e-6  # run-times are positive; a zero clock reading becomes this
 TICK_S = 0.05  # an online iteration waiting this long after an arrival is revised again

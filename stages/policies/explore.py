@@ -10,9 +10,8 @@ chosen fraction of iterations, at a price in throughput that ``bdsgd simulate --
 from __future__ import annotations
 
 import numpy as np
-
-from stages.errors import ConfigError
-from stages.policies.base import Policy
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.policies.base import Policy
 
 
 class Exploring(Policy):

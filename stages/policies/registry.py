@@ -4,12 +4,12 @@ Specs: ``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``, ``bdsgd`` (needs
 each of the last three optionally followed by ``:long-run`` (the default objective) or
 ``:iteration`` (the per-iteration rate c / E[x_(c)]) and by ``:online`` or ``:fixed`` (revise c at
 every arrival, or keep the c chosen before the iteration; ``bdsgd`` is online by default, ``ecdf``
-and ``ewma`` fixed; see ``stages.policies.cutoff``), ``k-batch-sync:K``, ``k-async:K``,
+and ``ewma`` fixed; see ``bdsgd.stages.policies.cutoff``), ``k-batch-sync:K``, ``k-async:K``,
 ``async``, ``adasync[:GRADIENTS]`` (K doubles every GRADIENTS applied), ``oracle`` (simulation
 only). ``elfving``, ``ecdf``, ``ewma`` and ``bdsgd`` also take ``:goodput``: value c gradients at
-gain(c) from the gradient noise scale (``stages.goodput``), not at c. ``bdsgd`` watches itself
+gain(c) from the gradient noise scale (``bdsgd.stages.goodput``), not at c. ``bdsgd`` watches itself
 against ``ewma`` and ``ecdf`` and plays their c while its own predictive has been losing
-(``stages.policies.selfcheck``); ``bdsgd:unchecked`` never does.
+(``bdsgd.stages.policies.selfcheck``); ``bdsgd:unchecked`` never does.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import os
 
-from stages.errors import CheckpointError, ConfigError
-from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
-from stages.policies.base import Policy
-from stages.policies.cutoff import (
+from bdsgd.stages.errors import CheckpointError, ConfigError
+from bdsgd.stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.cutoff import (
     OBJECTIVES,
     STOPPING,
     BdsgdCutoff,
@@ -31,8 +31,8 @@ from stages.policies.cutoff import (
     OracleCutoff,
     StaticCutoff,
 )
-from stages.policies.explore import Exploring
-from stages.policies.selfcheck import SelfChecking
+from bdsgd.stages.policies.explore import Exploring
+from bdsgd.stages.policies.selfcheck import SelfChecking
 
 SPECS = (
     "full",
@@ -48,7 +48,7 @@ SPECS = (
     "oracle",
 )
 ADASYNC_DEFAULT_PERIOD = 100
-UNCHECKED = "unchecked"  # bdsgd without the self-check (stages.policies.selfcheck)
+UNCHECKED = "unchecked"  # bdsgd without the self-check (bdsgd.stages.policies.selfcheck)
 MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective and a stopping rule
 LEARNING = ("elfving", *MONTE_CARLO)  # the policies that --explore and :goodput apply to
 GOODPUT = "goodput"
@@ -73,7 +73,7 @@ def make_policy(
     the last stage (without it: K doubles every 100 * N gradients); ``overhead_s`` is the measured
     fixed cost of an iteration; ``explore`` > 0 makes the learning cutoff policies (``elfving``,
     ``ecdf``, ``ewma``, ``bdsgd``) wait for every worker in that fraction of iterations (see
-    ``stages.policies.explore``). Raises :class:`ConfigError` with a one-line message on a bad spec.
+    ``bdsgd.stages.policies.explore``). Raises :class:`ConfigError` with a one-line message on a bad spec.
     """
     if num_workers < 1:
         raise ConfigError(f"need at least one worker, got {num_workers}")
@@ -140,7 +140,7 @@ def decision_samples(num_samples: int, num_workers: int) -> int:
 
 def with_self_check(own, num_workers: int, seed: int, num_samples: int, mc: dict) -> Policy:
     """``own`` (bdsgd) watched by its simple peers, ``ewma`` and ``ecdf`` with the same objective
-    and goodput setting and a fixed c (``stages.policies.selfcheck``)."""
+    and goodput setting and a fixed c (``bdsgd.stages.policies.selfcheck``)."""
     peer = {**mc, "stopping": "fixed"}
     peers = [
         EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **peer),
@@ -199,8 +199,8 @@ def _adasync_period(num_workers: int, iterations: int | None) -> int:
 def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None, seed: int):
     if checkpoint is None:
         raise ConfigError("policy 'bdsgd' needs a fitted model: pass --checkpoint FILE")
-    from stages.model.checkpoint import load_checkpoint
-    from stages.model.predictor import predictor_from
+    from bdsgd.stages.model.checkpoint import load_checkpoint
+    from bdsgd.stages.model.predictor import predictor_from
 
     ckpt = load_checkpoint(checkpoint)
     check_same_cluster(ckpt.vocab.host_names, hosts, checkpoint)

@@ -35,10 +35,9 @@ objective) counts its own shadow gradients and seconds, not the played ones.
 from __future__ import annotations
 
 import numpy as np
-
-from stages.policies.base import Policy
-from stages.policies.cutoff import MonteCarloCutoff, sorted_samples
-from stages.policies.driver import IterationDriver
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.cutoff import MonteCarloCutoff, sorted_samples
+from bdsgd.stages.policies.driver import IterationDriver
 
 IMPUTED_WEIGHT = 0.25  # an imputed shadow outcome moves a score a quarter as much as an exact one
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from bdsgd.stages.store import TraceStore
 
 from benchmarks.bench_heldout import CLUSTERS, ar_rack_cluster, throttle_cluster, write_store
-from stages.store import TraceStore
 
 
 def test_ar_rack_cluster_is_reproducible_positive_and_host_correlated():

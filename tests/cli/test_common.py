@@ -26,8 +26,8 @@ def test_where_sigint_is_ignored_sigterm_still_stops(deferred):
     """A background job of a shell script starts with SIGINT ignored: a relayed SIGINT would be
     lost. The SIGTERM is raised at once, or at the end of a block that defers Ctrl-C (which
     drops a SIGINT there)."""
-    from stages.engine.base import interrupts_deferred
-    from stages.stop import STOP_REQUESTED
+    from bdsgd.stages.engine.base import interrupts_deferred
+    from bdsgd.stages.stop import STOP_REQUESTED
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     terminated: list[bool] = []

@@ -97,8 +97,9 @@ def test_bad_option_value_is_a_one_line_error(tmp_path):
 
 
 def test_cli_defaults_are_the_stage_config_defaults():
+    from bdsgd.stages.fit import FitConfig
+
     from bdsgd_cli.fit import fit
-    from stages.fit import FitConfig
 
     fields = {
         f.name: f.default

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from bdsgd.stages.store import TraceStore
 from click.testing import CliRunner
 
 from bdsgd_cli.main import cli
-from stages.store import TraceStore
 
 FOUR_ROWS = "step,rank,secs\n0,0,1.0\n0,1,2.0\n1,0,1.5\n1,1,0.5\n"
 MAPPING = ["--iteration-col", "step", "--worker-col", "rank", "--runtime-col", "secs"]

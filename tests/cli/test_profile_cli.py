@@ -9,8 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from stages.store import TraceStore
+from bdsgd.stages.store import TraceStore
 
 BDSGD = str(Path(sys.executable).with_name("bdsgd"))
 

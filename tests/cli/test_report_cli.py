@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bdsgd.schemas.run_dir import iterations_table, write_run_dir
 from click.testing import CliRunner
 
 from bdsgd_cli.main import cli
-from schemas.run_dir import iterations_table, write_run_dir
 
 
 def _run_dir(path: Path) -> Path:

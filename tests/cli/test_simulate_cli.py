@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
 from click.testing import CliRunner
 
 from bdsgd_cli.main import cli
-from stages.fit import FitConfig, run_fit
-from stages.store import RunMatrix, TraceStore, matrix_rows
 
 
 def write_run(path, run_id: str, runtimes: np.ndarray, host: str = "h") -> None:

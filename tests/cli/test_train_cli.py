@@ -15,9 +15,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import torch
+from bdsgd.stages.engine.collective import LOOKAHEAD
+from bdsgd.stages.store import TraceStore
 
-from stages.engine.collective import LOOKAHEAD
-from stages.store import TraceStore
 from tests.cli.test_profile_cli import BDSGD, bdsgd
 from tests.stages.engine import write_replay_trace
 from tests.stages.engine.test_protocol import listening_addresses
@@ -173,7 +173,7 @@ def test_resume_does_not_run_the_workload_a_run_dir_names(tmp_path):
 
 BAD_WORKLOAD = """
 import torch
-from stages.workloads import Workload
+from bdsgd.stages.workloads import Workload
 
 def make(seed=0):
     torch.manual_seed(seed)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from schemas import COLUMNS, VERSION_KEY, to_table, validate_schema, validate_table
-from schemas.trace_v1 import MAX_ITERATION, MAX_WORLD_SIZE
-from stages.errors import TraceError
-from stages.store import TraceStore
+from bdsgd.schemas import COLUMNS, VERSION_KEY, to_table, validate_schema, validate_table
+from bdsgd.schemas.trace_v1 import MAX_ITERATION, MAX_WORLD_SIZE
+from bdsgd.stages.errors import TraceError
+from bdsgd.stages.store import TraceStore
 
 
 def _table(trace_rows, **changes) -> pa.Table:

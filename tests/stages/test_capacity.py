@@ -4,15 +4,14 @@ reading the available memory."""
 from __future__ import annotations
 
 import pytest
-
-from stages.capacity import (
+from bdsgd.stages.capacity import (
     WORKER_BYTES,
     WORKERS_PER_CORE,
     Machine,
     available_memory,
     check_capacity,
 )
-from stages.errors import ConfigError
+from bdsgd.stages.errors import ConfigError
 
 
 def test_cores_bound_the_workers_when_memory_is_plenty():

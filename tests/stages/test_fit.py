@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bdsgd.stages.errors import CheckpointError, ConfigError, TraceError
+from bdsgd.stages.fit import FitConfig, policy_censored, run_fit
+from bdsgd.stages.model.checkpoint import load_checkpoint
+from bdsgd.stages.model.predictor import load_predictor
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
+from bdsgd.stages.stragglers import SyntheticCluster
 
-from stages.errors import CheckpointError, ConfigError, TraceError
-from stages.fit import FitConfig, policy_censored, run_fit
-from stages.model.checkpoint import load_checkpoint
-from stages.model.predictor import load_predictor
-from stages.store import RunMatrix, TraceStore, matrix_rows
-from stages.stragglers import SyntheticCluster
 from tests.stages.model.clusters import write_run
 
 
@@ -184,7 +184,7 @@ def test_a_failed_fit_leaves_no_new_folder(tmp_path, monkeypatch):
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("stages.fit.train", interrupted)
+    monkeypatch.setattr("bdsgd.stages.fit.train", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_fit(_config(tmp_path, checkpoint=tmp_path / "new" / "sub" / "m.pt"))
     assert not (tmp_path / "new").exists()

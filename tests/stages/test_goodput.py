@@ -7,9 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from bdsgd.stages.goodput import (
+    NoiseScale,
+    adascale_factor,
+    gain,
+    gradient_stats,
+    unbiased_estimates,
+)
 from torch.func import grad, vmap
-
-from stages.goodput import NoiseScale, adascale_factor, gain, gradient_stats, unbiased_estimates
 
 DIM = 10
 

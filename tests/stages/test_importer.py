@@ -1,4 +1,4 @@
-"""``stages.importer``: a foreign run-time log becomes schema-v1 rows, or nothing is written."""
+"""``bdsgd.stages.importer``: a foreign run-time log becomes schema-v1 rows, or nothing is written."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from stages.errors import ConfigError, TraceError
-from stages.importer import ImportConfig, run_import
-from stages.store import TraceStore
+from bdsgd.stages.errors import ConfigError, TraceError
+from bdsgd.stages.importer import ImportConfig, run_import
+from bdsgd.stages.store import TraceStore
 
 FOUR_ROWS = "iteration,worker,runtime_s\n0,0,1.0\n0,1,2.0\n1,0,1.5\n1,1,0.5\n"
 

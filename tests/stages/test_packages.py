@@ -6,13 +6,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import stages
+import bdsgd.stages
 
 ORDER = ("engine", "policies", "model")  # a package may import only those after it
 
 
 def imported_packages(package: str) -> set[str]:
-    root = Path(stages.__file__).parent / package
+    root = Path(bdsgd.stages.__file__).parent / package
     found = set()
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

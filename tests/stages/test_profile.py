@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.profile import ProfileConfig, run_profile
+from bdsgd.stages.store import TraceStore
 
-from stages.errors import ConfigError
-from stages.profile import ProfileConfig, run_profile
-from stages.store import TraceStore
 from tests.stages.engine import write_replay_trace
 
 SCALE = 0.5

@@ -8,11 +8,10 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-
-from schemas.run_dir import iterations_table, write_run_dir
-from stages.errors import BdsgdError, ConfigError
-from stages.report import ReportConfig, kaplan_meier, rolling_throughput, run_report
-from stages.store import TraceStore
+from bdsgd.schemas.run_dir import iterations_table, write_run_dir
+from bdsgd.stages.errors import BdsgdError, ConfigError
+from bdsgd.stages.report import ReportConfig, kaplan_meier, rolling_throughput, run_report
+from bdsgd.stages.store import TraceStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 N, T = 4, 12

@@ -1,12 +1,11 @@
-"""stages.safe_load: checkpoints load without running code, and writes are atomic."""
+"""bdsgd.stages.safe_load: checkpoints load without running code, and writes are atomic."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from stages.errors import CheckpointError
-from stages.safe_load import load_plain, save_atomic
+from bdsgd.stages.errors import CheckpointError
+from bdsgd.stages.safe_load import load_plain, save_atomic
 
 
 class Payload:  # a class instance: weights_only loading must refuse it

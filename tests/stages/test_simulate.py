@@ -10,14 +10,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from bdsgd.stages.errors import ConfigError, TraceError
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.cutoff import BdsgdCutoff, StaticCutoff
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.simulate import SimulateConfig, compare, replay, run_simulate
+from bdsgd.stages.store import RunMatrix
 from scipy.stats import norm
-
-from stages.errors import ConfigError, TraceError
-from stages.policies.base import Policy
-from stages.policies.cutoff import BdsgdCutoff, StaticCutoff
-from stages.policies.registry import make_policy
-from stages.simulate import SimulateConfig, compare, replay, run_simulate
-from stages.store import RunMatrix
 
 
 def as_run(runtimes, censored=None, present=None) -> RunMatrix:
@@ -263,7 +262,7 @@ def test_missing_trace_store_is_a_trace_error(tmp_path):
 
 def test_run_directory(tmp_path, monkeypatch):
     run = exponential_run(50, 6)
-    monkeypatch.setattr("stages.simulate.load_run", lambda config: run)
+    monkeypatch.setattr("bdsgd.stages.simulate.load_run", lambda config: run)
     config = SimulateConfig(
         traces=tmp_path / "t", out=tmp_path / "out", policies=("full", "ewma", "async")
     )
@@ -317,7 +316,7 @@ def test_an_online_policy_ends_the_iteration_at_its_revised_c(c, revised):
 def test_long_work_shows_progress_on_a_terminal_alone(monkeypatch, capsys, terminal):
     """A replay through every policy, or a large --sample, shows a bar on a terminal; in a log
     or a pipe stderr stays as it was (simulate's output there is its table)."""
-    from stages import simulate as S
+    from bdsgd.stages import simulate as S
 
     monkeypatch.setattr(type(S.console), "is_terminal", property(lambda self: terminal))
     with S.shown("replaying", 3) as step:

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from schemas.run_dir import iterations_table, write_run_dir
-from stages.errors import ConfigError
-from stages.goodput import NoiseSchedule, gain
-from stages.policies.base import Policy
-from stages.simulate import SimulateConfig, compare, replay, run_simulate
-from stages.store import RunMatrix
+from bdsgd.schemas.run_dir import iterations_table, write_run_dir
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.goodput import NoiseSchedule, gain
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.simulate import SimulateConfig, compare, replay, run_simulate
+from bdsgd.stages.store import RunMatrix
 
 
 def lognormal_run(rows: int = 200, workers: int = 8, seed: int = 0) -> RunMatrix:
@@ -131,7 +130,7 @@ def test_goodput_is_gain_over_time():
 
 
 def test_run_directory_records_noise_and_the_best_goodput(tmp_path, monkeypatch):
-    monkeypatch.setattr("stages.simulate.load_run", lambda config: lognormal_run())
+    monkeypatch.setattr("bdsgd.stages.simulate.load_run", lambda config: lognormal_run())
     noise = train_run_dir(tmp_path / "train", [None] + [8.0] * 99, batch_size=32)
     config = SimulateConfig(
         traces=tmp_path / "t",

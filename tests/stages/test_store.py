@@ -9,11 +9,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from schemas import to_table
-from stages import store as store_module
-from stages.errors import TraceError
-from stages.store import (
+from bdsgd.schemas import to_table
+from bdsgd.stages import store as store_module
+from bdsgd.stages.errors import TraceError
+from bdsgd.stages.store import (
     TraceStore,
     TraceWriter,
     new_run_id,
@@ -189,7 +188,7 @@ def test_appended_table_keeps_schema_metadata(store, trace_rows):
 
 
 def test_matrix_rows_round_trips_through_the_store(tmp_path):
-    from stages.store import RunMatrix, matrix_rows
+    from bdsgd.stages.store import RunMatrix, matrix_rows
 
     runtimes = np.array([[1.0, 2.0, 3.0], [1.5, 2.5, 3.5]])
     censored = np.array([[False, False, True], [False, True, False]])

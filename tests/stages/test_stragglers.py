@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from stages.errors import ConfigError, TraceError
-from stages.store import TraceStore
-from stages.stragglers import (
+from bdsgd.stages.errors import ConfigError, TraceError
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.stragglers import (
     BLOCK,
     MATRIX_CELLS,
     NoStragglers,

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from stages.engine.base import StopRun
-from stages.engine.launch import variant
-from stages.errors import CheckpointError, ConfigError
-from stages.store import TraceStore
-from stages.train import (
+from bdsgd.stages.engine.base import StopRun
+from bdsgd.stages.engine.launch import variant
+from bdsgd.stages.errors import CheckpointError, ConfigError
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.train import (
     StopRule,
     TrainConfig,
     build_policy,
@@ -123,7 +122,7 @@ def test_train_runs_asynchronous_policies(tmp_path, policy):
 
 
 def test_explore_wraps_learning_cutoff_policies(tmp_path):
-    from stages.policies.explore import Exploring
+    from bdsgd.stages.policies.explore import Exploring
 
     policy = build_policy(config(tmp_path, policy="ewma", explore=0.1), ("h",) * 4)
     assert isinstance(policy, Exploring) and policy.fraction == 0.1

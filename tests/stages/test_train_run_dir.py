@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from schemas.run_dir import check_output_dir
-from stages.errors import ConfigError
-from stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
+from bdsgd.schemas.run_dir import check_output_dir
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
 
 
 def config(tmp_path, **overrides) -> TrainConfig:

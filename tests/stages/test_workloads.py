@@ -4,9 +4,8 @@ failure is one line naming the workload."""
 from __future__ import annotations
 
 import pytest
-
-from stages.errors import ConfigError
-from stages.workloads import Workload, load_workload
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.workloads import Workload, load_workload
 
 
 def raising(seed: int = 0) -> Workload:

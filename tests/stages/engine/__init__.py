@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from stages.store import TraceStore
+from bdsgd.stages.store import TraceStore
 
 
 def write_replay_trace(path: Path, runtimes: list[list[float]]) -> Path:
@@ -49,7 +49,7 @@ def sigint_after(engine_class, method: str, t_at: int, monkeypatch) -> None:
 def exit_codes_of_workers(monkeypatch) -> list[int | None]:
     """The exit codes of the run's worker processes once the launcher has reaped them (a
     negative one: killed by a signal, so it did not stop on its own)."""
-    from stages.engine import launch
+    from bdsgd.stages.engine import launch
 
     codes: list[int | None] = []
     reap = launch.join_or_kill

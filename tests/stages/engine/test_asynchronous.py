@@ -12,12 +12,12 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from bdsgd.stages.engine.checkpoint import STATE_FILE
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.policies.asynchronous import KAsync
+from bdsgd.stages.store import TraceStore
 
-from stages.engine.checkpoint import STATE_FILE
-from stages.engine.config import EngineConfig
-from stages.engine.launch import run_engine
-from stages.policies.asynchronous import KAsync
-from stages.store import TraceStore
 from tests.stages.engine import exit_codes_of_workers, write_replay_trace
 from tests.stages.engine.test_engine import kill_worker_at
 
@@ -145,7 +145,7 @@ def test_ctrl_c_after_an_update_records_that_update_and_nothing_after(tmp_path, 
     """Ctrl-C right after the server applied update 10 (while it tells the policy): update 10
     is recorded (its parameters are those the checkpoint holds, so a resumed run must not
     apply it again), no update after it, and every worker stops on its own."""
-    from stages.engine.async_server import AsyncServer
+    from bdsgd.stages.engine.async_server import AsyncServer
 
     original, updates = AsyncServer.observe, []
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bdsgd.stages.engine import checkpoint as K
+from bdsgd.stages.engine.checkpoint import STATE_FILE, Checkpointer, remove_segments, with_whole_log
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.errors import CheckpointError
+from bdsgd.stages.train import load_state
 
-from stages.engine import checkpoint as K
-from stages.engine.checkpoint import STATE_FILE, Checkpointer, remove_segments, with_whole_log
-from stages.engine.launch import run_engine
-from stages.errors import CheckpointError
-from stages.train import load_state
 from tests.stages.engine.test_engine import RecordingStatic, engine_config
 
 pytestmark = pytest.mark.timeout(240)

@@ -14,11 +14,10 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-
-from stages.engine import protocol as P
-from stages.engine.base import StopRun
-from stages.engine.checkpoint import STATE_FILE
-from stages.engine.collective import (
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import StopRun
+from bdsgd.stages.engine.checkpoint import STATE_FILE
+from bdsgd.stages.engine.collective import (
     STAR_CROWDED_MAX_PARAMS,
     STAR_MAX_PARAMS,
     allreduce_algorithm,
@@ -31,13 +30,14 @@ from stages.engine.collective import (
     encode_step,
     load_replica_state,
 )
-from stages.engine.config import EngineConfig, scaled_lr
-from stages.engine.launch import run_engine
-from stages.engine.replica import Replica
-from stages.engine.report import SLOT
-from stages.errors import ConfigError
-from stages.store import TraceStore
-from stages.workloads import load_workload
+from bdsgd.stages.engine.config import EngineConfig, scaled_lr
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.engine.replica import Replica
+from bdsgd.stages.engine.report import SLOT
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.workloads import load_workload
+
 from tests.stages.engine import exit_codes_of_workers, sigint_after, write_replay_trace
 from tests.stages.engine.test_engine import (
     FAST_S,
@@ -371,7 +371,7 @@ def test_ctrl_c_mid_announcement_still_stops_every_worker(tmp_path, monkeypatch,
     under Ctrl-C: the stop goes after the last iteration any worker was told of, so every
     worker stops on its own (none is killed at the end), and every replica reports, instead of
     waiting for an iteration nobody runs (seen in CI: a 30 s hang after Ctrl-C)."""
-    from stages.engine.launch import VARIANTS
+    from bdsgd.stages.engine.launch import VARIANTS
 
     cfg = collective_config(engine=engine, iterations=400, stragglers="synthetic:base_s=0.002")
     hit = interrupt_mid_announcement(monkeypatch, VARIANTS[engine][0], after=12)
@@ -423,7 +423,7 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     admitted, the coordinator records those too, so the log, the traces and the checkpoint's
     replica state agree (a resumed run continues right after the last logged iteration). A
     Ctrl-C held while an iteration runs announces nothing more."""
-    from stages.engine.collective import Coordinator
+    from bdsgd.stages.engine.collective import Coordinator
 
     cfg = collective_config(iterations=400, stragglers="synthetic:base_s=0.002")
     on_iteration = lambda t, row: None  # noqa: E731
@@ -453,7 +453,7 @@ def test_ctrl_c_on_slow_iterations_stops_after_the_one_under_way(tmp_path, monke
     """Iterations of 0.3 s (a worker's injected delay, every gradient awaited) are announced
     one at a time (8 of them would keep a stop waiting 2.4 s): Ctrl-C while iteration 3 is
     admitted ends the run after it, with log, traces and replica state agreeing."""
-    from stages.engine.collective import Coordinator
+    from bdsgd.stages.engine.collective import Coordinator
 
     replay = write_replay_trace(tmp_path / "replay", [[0.3, FAST_S, FAST_S, FAST_S]] * 12)
     cfg = collective_config(iterations=12, stragglers=f"replay:{replay}")

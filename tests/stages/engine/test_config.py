@@ -7,13 +7,13 @@ import dataclasses
 
 import click
 import pytest
+from bdsgd.stages.engine.config import EngineConfig, engine_config
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.profile import ProfileConfig
+from bdsgd.stages.train import TrainConfig
 
 from bdsgd_cli.profile import profile
 from bdsgd_cli.train import train
-from stages.engine.config import EngineConfig, engine_config
-from stages.errors import ConfigError
-from stages.profile import ProfileConfig
-from stages.train import TrainConfig
 
 
 def defaults(cls) -> dict:

@@ -12,14 +12,14 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from bdsgd.stages.engine.base import ServerModel
+from bdsgd.stages.engine.checkpoint import STATE_FILE
+from bdsgd.stages.engine.config import EngineConfig, scaled_lr
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.policies.cutoff import StaticCutoff
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.workloads import load_workload
 
-from stages.engine.base import ServerModel
-from stages.engine.checkpoint import STATE_FILE
-from stages.engine.config import EngineConfig, scaled_lr
-from stages.engine.launch import run_engine
-from stages.policies.cutoff import StaticCutoff
-from stages.store import TraceStore
-from stages.workloads import load_workload
 from tests.stages.engine import exit_codes_of_workers, sigint_after, write_replay_trace
 
 SLOW_S, FAST_S = 5.0, 0.005  # a slow worker is always cut: its long delay costs nothing
@@ -328,7 +328,7 @@ def test_ctrl_c_after_a_parameter_server_step_records_that_step_and_nothing_afte
     """Ctrl-C right after the server applied iteration 30's update: 30 is recorded (its update
     is in the parameters the checkpoint holds, so a resumed run must not run it again) and,
     the Ctrl-C being held by then, 31 is never announced; every worker stops on its own."""
-    from stages.engine.ps import ParameterServer
+    from bdsgd.stages.engine.ps import ParameterServer
 
     cfg = engine_config(iterations=400, stragglers="synthetic:base_s=0.002")
     sigint_after(ParameterServer, "apply", 30, monkeypatch)

@@ -12,13 +12,13 @@ import signal
 import polars as pl
 import pytest
 import torch
+from bdsgd.stages.engine.checkpoint import STATE_FILE
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.errors import WorkerError
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.workloads import load_workload
 
-from stages.engine.checkpoint import STATE_FILE
-from stages.engine.config import EngineConfig
-from stages.engine.launch import run_engine
-from stages.errors import WorkerError
-from stages.store import TraceStore
-from stages.workloads import load_workload
 from tests.stages.engine import write_replay_trace
 from tests.stages.engine.test_engine import RecordingStatic, engine_config, kill_worker_at
 

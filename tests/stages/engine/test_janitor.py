@@ -7,15 +7,15 @@ import time
 
 import pytest
 import torch.distributed as dist
+from bdsgd.stages.engine import async_protocol as A
+from bdsgd.stages.engine import collective as C
+from bdsgd.stages.engine import janitor as J
+from bdsgd.stages.engine import launch
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.janitor import KeyJanitor
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.policies.asynchronous import KAsync
 
-from stages.engine import async_protocol as A
-from stages.engine import collective as C
-from stages.engine import janitor as J
-from stages.engine import launch
-from stages.engine import protocol as P
-from stages.engine.janitor import KeyJanitor
-from stages.engine.launch import run_engine
-from stages.policies.asynchronous import KAsync
 from tests.stages.engine.test_engine import RecordingStatic, ScriptedOnline, engine_config
 
 pytestmark = pytest.mark.timeout(240)

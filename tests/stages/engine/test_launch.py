@@ -1,4 +1,4 @@
-"""Starting the worker processes (:func:`stages.engine.launch.spawn_workers`): Ctrl-C is the
+"""Starting the worker processes (:func:`bdsgd.stages.engine.launch.spawn_workers`): Ctrl-C is the
 engine's, so a worker ignores SIGINT before its module (torch) is imported."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from stages.engine.config import EngineConfig
-from stages.engine.launch import join_or_kill, spawn_workers
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.launch import join_or_kill, spawn_workers
 
 
 def report_sigint(spec) -> None:

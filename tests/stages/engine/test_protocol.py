@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.errors import WorkerError
 from torch.nn.utils import parameters_to_vector
-
-from stages.engine import protocol as P
-from stages.errors import WorkerError
 
 
 def test_keys_are_distinct_per_iteration_and_ticket():

@@ -5,13 +5,13 @@ trace writer's cap on the rows it holds."""
 from __future__ import annotations
 
 import pytest
+from bdsgd.stages.engine import launch
+from bdsgd.stages.engine.checkpoint import STATE_FILE
+from bdsgd.stages.engine.collective import replica_key
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.train import load_state
 
-from stages.engine import launch
-from stages.engine.checkpoint import STATE_FILE
-from stages.engine.collective import replica_key
-from stages.engine.launch import run_engine
-from stages.store import TraceStore
-from stages.train import load_state
 from tests.stages.engine.test_collective import replica_params
 from tests.stages.engine.test_engine import RecordingStatic, engine_config
 

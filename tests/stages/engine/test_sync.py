@@ -10,13 +10,13 @@ import time
 import numpy as np
 import pytest
 import torch.distributed as dist
+from bdsgd.stages.engine import base
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import interrupts_deferred
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.sync import SyncEngine
+from bdsgd.stages.policies.cutoff import StaticCutoff
 
-from stages.engine import base
-from stages.engine import protocol as P
-from stages.engine.base import interrupts_deferred
-from stages.engine.report import WorkerReport
-from stages.engine.sync import SyncEngine
-from stages.policies.cutoff import StaticCutoff
 from tests.stages.engine.test_engine import engine_config
 
 

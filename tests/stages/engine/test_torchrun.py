@@ -14,10 +14,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from stages.engine.launch import Torchrun
-from stages.errors import ConfigError
-from stages.store import TraceStore
+from bdsgd.stages.engine.launch import Torchrun
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.store import TraceStore
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from stages.store import RunMatrix, TraceStore, matrix_rows
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
 
 
 def drifting_cluster(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from bdsgd.stages.store import TraceStore
 
-from stages.store import TraceStore
 from tests.stages.model.clusters import tiny_store
 
 

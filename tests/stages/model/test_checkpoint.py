@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from stages.errors import CheckpointError
-from stages.model.checkpoint import (
+from bdsgd.stages.errors import CheckpointError
+from bdsgd.stages.model.checkpoint import (
     VERSION,
     Checkpoint,
     Vocab,
@@ -19,9 +18,9 @@ from stages.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from stages.model.data import Normaliser
-from stages.model.predictor import predictor_from
-from stages.model.runtime_model import ModelConfig, RuntimeModel
+from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.predictor import predictor_from
+from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
 
 def _checkpoint() -> Checkpoint:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from stages.estimators import EwmaLogNormal
-from stages.model.data import (
+from bdsgd.stages.estimators import EwmaLogNormal
+from bdsgd.stages.model.data import (
     NUM_FEATURES,
     HistoryFilter,
     Normaliser,
@@ -14,7 +13,8 @@ from stages.model.data import (
     sample_windows,
     to_tensors,
 )
-from stages.store import RunMatrix
+from bdsgd.stages.store import RunMatrix
+
 from tests.stages.model.clusters import drifting_cluster
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from bdsgd.stages.estimators import EwmaLogNormal, lognormal_logpdf_or_logsf
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, split
+from bdsgd.stages.store import RunMatrix, TraceStore
 
-from stages.estimators import EwmaLogNormal, lognormal_logpdf_or_logsf
-from stages.fit import FitConfig, run_fit
-from stages.model.evaluate import PitCollector, baseline_log_lik, split
-from stages.store import RunMatrix, TraceStore
 from tests.stages.model.clusters import drifting_cluster, write_run
 
 

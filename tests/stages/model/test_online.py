@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from bdsgd.stages.model.checkpoint import load_checkpoint
+from bdsgd.stages.model.online import STEP, TAIL, OnlineSpread, order_statistic_at_cut
 
-from stages.model.checkpoint import load_checkpoint
-from stages.model.online import STEP, TAIL, OnlineSpread, order_statistic_at_cut
 from tests.stages.model.test_recalibrate import fit_small, order_stat_coverage, shared_cluster
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from stages.errors import ConfigError
-from stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
-from stages.model.data import Normaliser
-from stages.model.predictor import load_predictor
-from stages.model.runtime_model import ModelConfig, RuntimeModel
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
+from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.predictor import load_predictor
+from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
 
 @pytest.fixture

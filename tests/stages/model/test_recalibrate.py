@@ -6,13 +6,12 @@ import dataclasses
 
 import numpy as np
 import torch
-
-from stages.fit import FitConfig, run_fit
-from stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint
-from stages.model.evaluate import PitCollector, _observed
-from stages.model.predictor import predictor_from
-from stages.model.recalibrate import common_slowdown, recalibration_spans
-from stages.store import RunMatrix, TraceStore, matrix_rows
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint
+from bdsgd.stages.model.evaluate import PitCollector, _observed
+from bdsgd.stages.model.predictor import predictor_from
+from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
 
 
 def shared_cluster(iterations: int, workers: int, shared_sd: float, seed: int = 0) -> RunMatrix:

@@ -9,18 +9,18 @@ import numpy as np
 import pyro
 import pytest
 import torch
-from pyro import poutine
-
-from stages.estimators import lognormal_logpdf_or_logsf
-from stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
-from stages.model.runtime_model import (
+from bdsgd.stages.estimators import lognormal_logpdf_or_logsf
+from bdsgd.stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
+from bdsgd.stages.model.runtime_model import (
     CENSORED_WEIGHT,
     HostIndex,
     ModelConfig,
     RuntimeModel,
     censored_normal_log_lik,
 )
-from stages.store import RunMatrix
+from bdsgd.stages.store import RunMatrix
+from pyro import poutine
+
 from tests.stages.model.clusters import drifting_cluster
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from stages.errors import ConfigError
-from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 
 
 def test_fixed_k_caps_to_live_workers():

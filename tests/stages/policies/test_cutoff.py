@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from stages.errors import ConfigError
-from stages.policies.cutoff import (
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.policies.cutoff import (
     BdsgdCutoff,
     EcdfCutoff,
     ElfvingCutoff,
@@ -156,8 +155,8 @@ class ReplayPredictor:
 
 
 def test_long_run_objective_beats_the_per_iteration_rate_across_regimes():
-    from stages.simulate import simulate_sync
-    from stages.store import RunMatrix
+    from bdsgd.stages.simulate import simulate_sync
+    from bdsgd.stages.store import RunMatrix
 
     fast = np.array([1.0, 1.0, 1.0, 1.0])
     slow = np.array([5.0, 9.9, 14.7, 19.5])  # per iteration, waiting for all is (just) best

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from bdsgd.stages.engine.config import EngineConfig
+from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.policies.driver import IterationDriver
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.simulate import drive
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.stragglers import SyntheticCluster
 
-from stages.engine.config import EngineConfig
-from stages.engine.launch import run_engine
-from stages.fit import FitConfig, run_fit
-from stages.policies.driver import IterationDriver
-from stages.policies.registry import make_policy
-from stages.simulate import drive
-from stages.store import TraceStore
-from stages.stragglers import SyntheticCluster
 from tests.stages.engine import write_replay_trace
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from stages.errors import ConfigError
-from stages.policies.asynchronous import KAsync
-from stages.policies.cutoff import StaticCutoff
-from stages.policies.explore import Exploring
-from stages.policies.registry import make_policy
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.policies.asynchronous import KAsync
+from bdsgd.stages.policies.cutoff import StaticCutoff
+from bdsgd.stages.policies.explore import Exploring
+from bdsgd.stages.policies.registry import make_policy
 
 LIVE = np.array([True, True, False, True])
 

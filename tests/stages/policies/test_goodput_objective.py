@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.goodput import gain
+from bdsgd.stages.policies.cutoff import BdsgdCutoff, ElfvingCutoff, best_cutoff, goodput_worth
+from bdsgd.stages.policies.registry import make_policy
 
-from stages.errors import ConfigError
-from stages.goodput import gain
-from stages.policies.cutoff import BdsgdCutoff, ElfvingCutoff, best_cutoff, goodput_worth
-from stages.policies.registry import make_policy
 from tests.stages.policies.test_cutoff import ArrivalPredictor, FixedPredictor, arrivals
 
 N = 8

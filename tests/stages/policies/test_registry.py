@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from stages.errors import ConfigError
-from stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
-from stages.policies.cutoff import EwmaCutoff, StaticCutoff
-from stages.policies.registry import default_policy_specs, make_policy
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
+from bdsgd.stages.policies.cutoff import EwmaCutoff, StaticCutoff
+from bdsgd.stages.policies.registry import default_policy_specs, make_policy
 
 
 def test_specs_build_named_policies():

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.special import log_ndtr, ndtri_exp
-
-from stages.policies.cutoff import BdsgdCutoff, EcdfCutoff, EwmaCutoff
-from stages.policies.registry import with_self_check
-from stages.policies.selfcheck import (
+from bdsgd.stages.policies.cutoff import BdsgdCutoff, EcdfCutoff, EwmaCutoff
+from bdsgd.stages.policies.registry import with_self_check
+from bdsgd.stages.policies.selfcheck import (
     SelfChecking,
     lean_message,
     self_check_report,
     shadow_outcome,
 )
-from stages.simulate import replay
-from stages.store import RunMatrix
+from bdsgd.stages.simulate import replay
+from bdsgd.stages.store import RunMatrix
+from scipy.special import log_ndtr, ndtri_exp
 
 WORKERS, ITERATIONS = 16, 500
 MU = np.log(0.05) + np.linspace(-0.3, 0.3, WORKERS)  # worker w's log-mean
