@@ -45,6 +45,9 @@ _EXPORTS = {
     "Policy": "bdsgd.stages.policies.base",
     "make_policy": "bdsgd.stages.policies.registry",
     "IterationDriver": "bdsgd.stages.policies.driver",
+    # your own training loop under torchrun
+    "Cutoff": "bdsgd.stages.loop.rank",
+    "LoopConfig": "bdsgd.stages.loop.config",
     # workloads of the built-in loop
     "Workload": "bdsgd.stages.workloads",
     # errors a caller may catch

@@ -53,6 +53,10 @@ class SyntheticCluster:
     """Probability of a heavy-tailed spike per (iteration, worker)."""
     spike_alpha: float = 1.5
     """Pareto tail index of spikes (smaller: heavier)."""
+    slow_workers: int = 0
+    """Workers 0..slow_workers-1 are persistently slow: every delay times ``slow_worker_factor``."""
+    slow_worker_factor: float = 2.0
+    """How much slower a persistently slow worker is."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -64,6 +68,8 @@ class SyntheticCluster:
         for name in ("p_slow", "p_recover", "spike_p"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"synthetic stragglers: {name} must be in [0, 1]")
+        if self.slow_workers < 0 or self.slow_worker_factor < 1:
+            raise ConfigError("synthetic stragglers need slow_workers >= 0, slow_worker_factor >= 1")
         if self.drift_period < 1 or self.spike_alpha <= 0:
             raise ConfigError("synthetic stragglers need drift_period >= 1 and spike_alpha > 0")
 
@@ -103,6 +109,7 @@ class SyntheticCluster:
         host = np.arange(workers) % self.hosts
         terms = np.zeros((5, iterations, workers))
         terms[0] = np.log(self.base_s) + rng.normal(0, self.worker_spread, workers)[None, :]
+        terms[0, :, : self.slow_workers] += np.log(self.slow_worker_factor)
         t = np.arange(iterations)[:, None]
         terms[1] = self.drift * np.sin(2 * np.pi * t / self.drift_period + rng.uniform(0, 6.3))
         terms[2] = np.log(self.slow_factor) * self.host_regimes(iterations, rng)[:, host]
@@ -218,6 +225,8 @@ class SyntheticColumn(Column):
         self.host = w % cluster.hosts
         rng = np.random.default_rng([cluster.seed, 0, w])
         self.speed = np.log(cluster.base_s) + rng.normal(0, cluster.worker_spread)
+        if w < cluster.slow_workers:
+            self.speed += np.log(cluster.slow_worker_factor)
         self.phase = np.random.default_rng([cluster.seed, 1]).uniform(0, 6.3)
         self.block, self.cached = -1, np.zeros(0)
 

@@ -1,0 +1,95 @@
+"""The options of a cutoff-controlled training loop (:class:`~bdsgd.stages.loop.rank.Cutoff`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from bdsgd.stages.errors import ConfigError
+
+LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+ADAM_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adafactor", "Adagrad", "RMSprop")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    """What :class:`~bdsgd.stages.loop.rank.Cutoff` takes; every field has a sensible default."""
+
+    policy: str = "full"
+    """Cutoff policy (SPEC names: ``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``,
+    ``bdsgd``, ``bdsgd:fixed``, ...). ``full`` cuts nothing and only measures."""
+    checkpoint: str | None = None
+    """Fitted run-time model (``bdsgd fit``), needed by ``bdsgd`` policies."""
+    traces: str | None = None
+    """Trace store (schema v1) the run appends its rows to; None writes none."""
+    out: str | None = None
+    """Run directory (summary.json, iterations.parquet, checkpoint.pt) that ``bdsgd report``
+    reads; None writes none."""
+    micro_batches: int = 1
+    """Parts :meth:`Iteration.micro_batches` splits a rank's batch into: the places where a
+    rank that is cut stops."""
+    salvage: bool = False
+    """A cut rank contributes the micro-batches it finished (else zeros)."""
+    lr_scaling: str = "auto"
+    """How :meth:`Cutoff.step` scales the optimizer's learning rate by the admitted share f of
+    the nominal samples: ``linear`` (lr * f), ``sqrt`` (lr * sqrt f), ``none``; ``auto`` is
+    ``sqrt`` for Adam-type optimizers and ``linear`` for SGD-type ones."""
+    stragglers: str = "none"
+    """Injected delays (``none``, ``synthetic[:k=v,...]``, ``replay:PATH``), as ``bdsgd train
+    --stragglers``: each rank waits out its delay spread over its micro-batches, and a cut ends
+    the wait."""
+    time_scale: float = 1.0
+    """Multiplies every injected delay."""
+    seed: int = 0
+    """Seed of the injected delays and of the policy's random stream."""
+    run_id: str | None = None
+    """The run's id in the traces; None: a new one."""
+    coordinator_rank: int = 0
+    """The training rank whose process runs the coordinator thread."""
+    timeout_s: float = 300.0
+    """Longest wait on the other ranks or the coordinator, seconds."""
+    record_every: int = 50
+    """Trace rows are written after every this many iterations (and at each save and at
+    close)."""
+    target_loss: float | None = None
+    """The summary's ``time_to_loss``: wall-clock seconds until the smoothed training loss
+    first reaches it."""
+    workload: str = "user"
+    """The trace rows' ``workload`` column."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batches < 1:
+            raise ConfigError(f"micro_batches must be at least 1, got {self.micro_batches}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ConfigError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}")
+        for name in ("timeout_s", "time_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+        if self.record_every < 1:
+            raise ConfigError(f"record_every must be at least 1, got {self.record_every}")
+        if self.coordinator_rank < 0:
+            raise ConfigError(f"coordinator_rank must be >= 0, got {self.coordinator_rank}")
+        if self.policy.split(":")[0] in ("async", "k-async", "k-batch-sync", "adasync"):
+            raise ConfigError(
+                f"policy {self.policy!r} is asynchronous: a training loop takes synchronous "
+                "cutoff policies (full, static:C, elfving, ecdf, ewma, bdsgd, ...)"
+            )
+
+    @property
+    def out_path(self) -> Path | None:
+        return None if self.out is None else Path(self.out)
+
+
+def lr_rule(scaling: str, optimizer_name: str) -> str:
+    """The rule ``auto`` stands for with an optimizer of this class name."""
+    if scaling != "auto":
+        return scaling
+    return "sqrt" if optimizer_name in ADAM_FAMILY else "linear"
+
+
+def lr_factor(rule: str, share: float) -> float:
+    """The learning-rate multiplier for an admitted share ``share`` of the nominal samples."""
+    share = min(max(share, 0.0), 1.0)
+    return {"linear": share, "sqrt": math.sqrt(share), "none": 1.0}[rule]

@@ -1,0 +1,323 @@
+"""The coordinator of a user's training loop: a thread beside one rank's loop (never a rank of
+its own), so every GPU trains.
+
+Per iteration t it asks the policy for c when the rank it lives with begins t
+(:meth:`LoopCoordinator.begin`), reads the arrival tickets' reports in ticket order
+(``a/<t>/<k>``) and feeds them to the :class:`~bdsgd.stages.policies.driver.IterationDriver`
+(an online policy revises c at each arrival, and at ticks while none comes). At the cut it closes
+the ticket counter (``n/<t>`` + ``CLOSED``: the ranks that took a ticket before are admitted,
+every later one is cut) and sets ``cut/<t>``, which the ranks still computing see at their next
+micro-batch. Arrivals exactly and the rest censored at the cut go to the policy, the trace rows
+(schema v1) and the iteration log, which the run directory keeps for ``bdsgd report``.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.errors import BdsgdError, first_line
+from bdsgd.stages.loop.config import LoopConfig
+from bdsgd.stages.policies.driver import IterationDriver
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.store import TraceStore, TraceWriter
+from bdsgd.stages.train import time_to_loss
+
+IDLE_WAIT_S = 5.0  # longest single store wait for an arrival when no tick is due
+MIN_WAIT_S = 0.001  # shortest store wait before a due tick
+KEEP_KEYS = 4  # the store keys of an iteration are deleted this many iterations later
+PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
+MIN_RANKS_TO_NAME = 3  # with fewer ranks, "slower than the median" says nothing
+SLOW_FACTOR = 1.2  # a rank whose median run-time is this much above the cluster's is named
+
+
+class LoopCoordinator:
+    """Policy, tickets and cut of a loop's iterations, run on a daemon thread."""
+
+    def __init__(self, cfg: LoopConfig, c10d, world: int, hosts: list[str], run_id: str,
+                 device: str) -> None:  # fmt: skip
+        self.cfg, self.c10d, self.world = cfg, c10d, world
+        self.hosts, self.run_id, self.device = list(hosts), run_id, device
+        self.policy = make_policy(cfg.policy, world, cfg.checkpoint, self.hosts, seed=cfg.seed)
+        if self.policy.mode != "sync" or cfg.policy == "oracle":
+            raise BdsgdError(f"policy {cfg.policy!r} cannot cut a training loop's iterations")
+        self.driver = IterationDriver(self.policy, world)
+        self.writer = TraceWriter(TraceStore(cfg.traces)) if cfg.traces else None
+        self.begins: queue.Queue = queue.Queue()
+        self.coordinated: dict[int, dict] = {}  # t -> what the coordinator saw of iteration t
+        self.ranked: dict[int, dict] = defaultdict(dict)  # t -> what the rank reported of t
+        self.runtimes: list[np.ndarray] = []  # per-iteration run-times, for the slow-rank note
+        self.log: dict[str, list] = {}
+        self.logged_through = -1  # the last iteration in the log
+        self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
+        self.rows_added = 0
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="bdsgd-coordinator", daemon=True)
+        self.t0 = 0.0
+
+    # -- called by the rank's loop --------------------------------------------------------------
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self.thread.start()
+
+    def begin(self, t: int, began: float) -> None:
+        self._check()
+        self.ranked[t]["began"] = began
+        self.begins.put((t, began))
+
+    def rank_values(self, t: int, **values) -> None:
+        self.ranked[t].update(values)
+
+    def resumed_at(self, t: int, run_id: str) -> None:
+        """A resumed run continues ``run_id`` at iteration t: the log keeps the run directory's
+        rows before t, and the trace rows of iterations already on disk (written after the
+        checkpoint, before the run stopped) are not written again."""
+        self.run_id = run_id
+        self.log = earlier_log(self.cfg.out, t)
+        self.logged_through = t - 1
+        self.skip_through = last_iteration_on_disk(self.cfg.traces, run_id)
+
+    def record(self, through: int) -> None:
+        """Write the trace rows of every iteration coordinated so far and wait until they are
+        on disk; the iteration log is kept for the run directory (bounded waits)."""
+        self._drain(through)
+        with self.lock:
+            self._log_through(through - 1)
+        if self.writer is not None:
+            self.writer.flush()
+            deadline = time.monotonic() + self.cfg.timeout_s
+            while self.writer.rows_written < self.rows_added and time.monotonic() < deadline:
+                self._check_writer()
+                time.sleep(0.005)
+            self._check_writer()
+        if self.cfg.out is not None:
+            self._write_run_dir(through, final=False)
+
+    def close(self, through: int) -> dict:
+        self.record(through)
+        self.begins.put(None)
+        self.thread.join(self.cfg.timeout_s)
+        if self.writer is not None:
+            self.writer.close(self.cfg.timeout_s)
+        summary = self.summary()
+        if self.cfg.out is not None:
+            self._write_run_dir(through, final=True)
+        return summary
+
+    # -- the thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while (item := self.begins.get()) is not None:
+                self._iteration(*item)
+        except BaseException as exc:  # reported to the rank's loop at its next begin
+            self.error = exc
+
+    def _iteration(self, t: int, began: float) -> None:
+        live = np.ones(self.world, dtype=bool)
+        self.driver.begin(live)
+        seen = self._watch(t, began)
+        admitted = self.c10d.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
+        self.c10d.set(P.cut_key(t), str(admitted))
+        reports = seen + [self._report(t, k) for k in range(len(seen) + 1, admitted + 1)]
+        for rep in reports[len(seen) :]:
+            self.driver.arrive(rep.worker, rep.runtime_s)
+        outcome = self.driver.end()
+        self._observed(t, began, outcome, reports)
+        self._forget(t - KEEP_KEYS)
+
+    def _watch(self, t: int, began: float) -> list[WorkerReport]:
+        """Take arrivals in ticket order until the policy cuts (or every rank arrived). A wait
+        ends at the next arrival or at the online policy's next tick, whichever comes first."""
+        seen: list[WorkerReport] = []
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while len(seen) < self.world and (left := deadline - time.monotonic()) > 0:
+            key = P.arrival_key(t, len(seen) + 1)
+            if P.wait_key(self.c10d, key, self._wait_s(began, left)):
+                seen.append(WorkerReport.decode(self.c10d.get(key)))
+                if self.driver.arrive(seen[-1].worker, seen[-1].runtime_s):
+                    return seen
+            elif self.driver.wait(time.perf_counter() - began):
+                return seen
+        return seen
+
+    def _wait_s(self, began: float, left: float) -> float:
+        """Until the driver's next tick (an online policy asked again while nothing arrives),
+        else as long as the timeout allows."""
+        tick = self.driver.next_tick
+        if tick is None:
+            return min(left, IDLE_WAIT_S)
+        return min(left, max(tick - (time.perf_counter() - began), MIN_WAIT_S))
+
+    def _report(self, t: int, ticket: int) -> WorkerReport:
+        """The report of a ticket taken before the close (its holder sets it right after)."""
+        return WorkerReport.decode(self.c10d.get(P.arrival_key(t, ticket)))
+
+    def _observed(self, t: int, began: float, outcome, reports: list[WorkerReport]) -> None:
+        c = len(reports)
+        predicted = self.policy.describe()
+        with self.lock:
+            self.coordinated[t] = dict(
+                c=c, workers=self.world, decision_ms=outcome.decision_ms,
+                **{k: _float(predicted.get(k)) for k in PREDICTED}, peer=predicted.get("peer"),
+            )  # fmt: skip
+        self.runtimes.append(outcome.runtimes.copy())
+        if self.writer is not None and t > self.skip_through:
+            self._add_rows(t, began, outcome, reports, None if c >= self.world else c)
+
+    def _add_rows(self, t, began, outcome, reports, cutoff) -> None:
+        by_worker = {rep.worker: rep for rep in reports}
+        start = max(began - self.t0, 0.0)
+        rows = []
+        for w in range(self.world):
+            rep = by_worker.get(w)
+            if rep is None:
+                rep = WorkerReport(w, t, start, float(outcome.runtimes[w]), math.nan, 0.0,
+                                   censored=True)  # fmt: skip
+            rows.append(rep)
+        columns = {k: [v[k] for v in (r.trace_values() for r in rows)] for k in
+                   rows[0].trace_values()}  # fmt: skip
+        n = len(rows)
+        columns.update(
+            run_id=[self.run_id] * n, host=[self.hosts[r.worker] for r in rows],
+            world_size=[self.world] * n, cutoff=[cutoff] * n, policy=[self.policy.name] * n,
+            source=["profile" if self.cfg.policy == "full" else "train"] * n,
+            workload=[self.cfg.workload] * n, device=[self.device] * n,
+        )  # fmt: skip
+        self.writer.add(columns)
+        self.rows_added += n
+        if (t + 1) % self.cfg.record_every == 0:
+            self.writer.flush()
+
+    def _forget(self, t: int) -> None:
+        """Delete iteration t's store keys (long done: every rank is past its all-reduce)."""
+        if t < 0:
+            return
+        for key in [P.ticket_key(t), P.cut_key(t)] + [
+            P.arrival_key(t, k) for k in range(1, self.world + 1)
+        ]:
+            self.c10d.delete_key(key)
+
+    # -- the log and the run directory ----------------------------------------------------------
+    def _drain(self, through: int) -> None:
+        """Wait (bounded) until the thread has coordinated every iteration before ``through``."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while time.monotonic() < deadline and self.error is None:
+            with self.lock:
+                if all(t in self.coordinated for t in range(self.logged_through + 1, through)):
+                    return
+            time.sleep(0.002)
+        self._check()
+
+    def _log_through(self, last: int) -> None:
+        for t in range(self.logged_through + 1, last + 1):
+            seen, ranked = self.coordinated.get(t), self.ranked.get(t, {})
+            if seen is None or "end" not in ranked:
+                break
+            nxt = self.ranked.get(t + 1, {}).get("began", ranked["end"])
+            row = dict(policy=self.policy.name, iteration=t, wall_s=nxt - self.t0,
+                       iteration_s=nxt - ranked["began"], loss=ranked.get("loss"),
+                       eval_loss=ranked.get("eval_loss"), lr=ranked.get("lr"), staleness=0.0,
+                       **seen)  # fmt: skip
+            for k, v in row.items():
+                self.log.setdefault(k, []).append(v)
+            self.logged_through = t
+            self.coordinated.pop(t, None)
+            self.ranked.pop(t, None)
+
+    def summary(self) -> dict:
+        """SPEC's train JSON plus the slowest ranks (measure-only runs name them)."""
+        log = self.log
+        c = np.asarray(log.get("c", []), dtype=float)
+        it = np.asarray(log.get("iteration_s", []), dtype=float)
+        decision = np.asarray(log.get("decision_ms") or [0.0], dtype=float)
+        losses = [x for x in log.get("loss", []) if x is not None]
+        evals = [x for x in log.get("eval_loss", []) if x is not None]
+        return {
+            "kind": "train",
+            "engine": "loop",
+            "policy": self.cfg.policy,
+            "run_id": self.run_id,
+            "traces": self.cfg.traces,
+            "iterations": int(c.size),
+            "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
+            "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,
+            "mean_c": float(c.mean()) if c.size else 0.0,
+            "final_loss": evals[-1]
+            if evals
+            else (float(np.mean(losses[-10:])) if losses else None),
+            "time_to_loss": time_to_loss(log, self.cfg.target_loss),
+            "target_loss": self.cfg.target_loss,
+            "decision_ms_p50": float(np.percentile(decision, 50)),
+            "decision_ms_p99": float(np.percentile(decision, 99)),
+            "world_size": self.world,
+            "rows_appended": self.writer.rows_written if self.writer is not None else 0,
+            "slow_ranks": self.slow_ranks(),
+        }
+
+    def slow_ranks(self) -> list[dict]:
+        """Ranks whose median run-time is at least ``SLOW_FACTOR`` times the cluster's median
+        (censored entries count at their cut: a lower bound), slowest first, with their host."""
+        if len(self.runtimes) == 0 or self.world < MIN_RANKS_TO_NAME:
+            return []
+        per_rank = np.median(np.stack(self.runtimes), axis=0)
+        typical = float(np.median(per_rank))
+        slow = [int(w) for w in np.argsort(-per_rank) if per_rank[w] >= SLOW_FACTOR * typical]
+        return [dict(rank=w, host=self.hosts[w], median_s=float(per_rank[w]),
+                     ratio=float(per_rank[w] / typical)) for w in slow]  # fmt: skip
+
+    def _write_run_dir(self, through: int, final: bool) -> None:
+        out = Path(self.cfg.out)
+        if not self.log.get("iteration"):
+            return
+        summary = {**self.summary(), "complete": final}
+        try:
+            write_run_dir(out, summary, iterations_table(self.log))
+        except OSError as exc:
+            raise BdsgdError(f"cannot write run directory {out}: {first_line(exc)}") from None
+
+    # -- errors ---------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.error is not None:
+            raise BdsgdError(f"the bdsgd coordinator failed: {first_line(self.error)}")
+
+    def _check_writer(self) -> None:
+        error = getattr(self.writer, "_error", None)
+        if error is not None:
+            raise BdsgdError(f"writing traces failed: {first_line(error)}")
+
+
+def earlier_log(out: str | None, before: int) -> dict[str, list]:
+    """The iteration log of a run directory's rows before iteration ``before`` (empty without
+    one)."""
+    if out is None or not (Path(out) / "iterations.parquet").is_file():
+        return {}
+    _, table = read_run_dir(Path(out))
+    rows = table.filter(pc.less(table["iteration"], before)).to_pydict()
+    return {k: v for k, v in rows.items() if k in LOG_COLUMNS}
+
+
+LOG_COLUMNS = ("policy", "iteration", "wall_s", "iteration_s", "loss", "eval_loss", "lr",
+               "staleness", "c", "workers", "decision_ms", *PREDICTED, "peer")  # fmt: skip
+
+
+def last_iteration_on_disk(traces: str | None, run_id: str) -> int:
+    """The last iteration of ``run_id`` in the trace store (-1: none)."""
+    if traces is None or not TraceStore(traces).files():
+        return -1
+    rows = TraceStore(traces).read()
+    mine = rows.filter(rows["run_id"] == run_id)
+    return int(mine["iteration"].max()) if mine.height else -1
+
+
+def _float(value) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,502 @@
+"""What every training rank of a user's loop runs: :class:`Cutoff`, the few lines that put a
+data-parallel loop's gradient all-reduce under a cutoff policy.
+
+Each iteration a rank computes its micro-batches (:meth:`Iteration.micro_batches`); between two
+of them it looks for the iteration's cut (one c10d-store check). A rank whose computation ends
+before the cut takes an arrival ticket (``store.add``); a ticket below ``CLOSED`` admits its
+gradient. Then every rank enters one all-reduce of (gradient sum, samples, admitted, loss): an
+admitted rank contributes its whole gradient, a cut one zeros (or, with ``salvage``, its finished
+micro-batches), and the sum is divided by the admitted samples. The coordinator
+(:mod:`~bdsgd.stages.loop.coordinator`, a thread beside one rank's loop) asks the policy, reads
+the tickets as they come and closes the counter at the cut; no rank waits for it otherwise.
+
+This module imports no coordinator, trace store, polars, pyarrow or rich: a rank loads them only
+where it runs the coordinator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError, first_line
+from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule
+from bdsgd.stages.loop.timing import ComputeTimer
+
+MAX_ITERATIONS = 1 << 31  # the length of a rank's column of injected delays
+STATS = 4  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned samples
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    """What one iteration's all-reduce applied, as every rank sees it."""
+
+    iteration: int
+    admitted: int  # ranks whose whole gradient was admitted (c)
+    samples: float  # samples in the averaged gradient
+    planned: float  # samples of every rank's whole batch
+    loss: float | None  # mean training loss of the admitted ranks
+    cut: bool  # this rank was cut
+
+    @property
+    def share(self) -> float:
+        return self.samples / self.planned if self.planned > 0 else 1.0
+
+
+class Cutoff:
+    """Cutoff-controlled data parallelism for an ordinary ``torchrun`` training loop.
+
+    Create it once per rank after ``torch.distributed.init_process_group`` and after the model
+    is on its device (it broadcasts rank 0's parameters, as DDP does), in place of wrapping the
+    model in DDP::
+
+        cut = bdsgd.Cutoff(model, policy="static:3", micro_batches=4, out="run", traces="traces")
+        for step in range(cut.resume(optimizer, scheduler), steps):
+            with cut.iteration() as it:
+                for x, y in it.micro_batches(next(batches)):
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        loss = F.cross_entropy(model(x), y)
+                    it.backward(loss)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            cut.step(optimizer)          # optimizer.step() at the admitted samples' lr
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        cut.close()
+
+    Options are :class:`~bdsgd.stages.loop.config.LoopConfig`'s fields.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: LoopConfig | None = None,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        **options,
+    ) -> None:
+        if config is not None and options:
+            raise ConfigError("pass either a LoopConfig or keyword options, not both")
+        self.cfg = cfg = config or LoopConfig(**options)
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("bdsgd.Cutoff needs torch.distributed: call init_process_group first")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if cfg.coordinator_rank >= self.world:
+            raise ConfigError(
+                f"coordinator_rank {cfg.coordinator_rank} is not a rank of this "
+                f"{self.world}-rank job"
+            )
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ConfigError("the model has no parameters that require a gradient")
+        self.device = self.params[0].device
+        self.optimizer = optimizer
+        self.timer = ComputeTimer(self.device)
+        self.run_id = self._agree(cfg.run_id or new_run_id(_source(cfg.policy)))
+        self.c10d = dist.PrefixStore(f"bdsgd/{self.run_id}/", _default_store())
+        self.delays, emulated = _stragglers(cfg, self.world, self.rank)
+        self.hosts = emulated or _gather(socket.gethostname())
+        self.flat = self._flat_buffer()
+        self.t = 0
+        self.last: IterationResult | None = None
+        self.rule: str | None = None
+        self.planned_full = 0.0  # a rank's whole batch, samples (accumulate: the last seen)
+        self.coordinator = self._start_coordinator()
+        broadcast_module(model, src=0)
+        dist.barrier()
+        self.t0 = time.perf_counter()
+        if self.coordinator is not None:
+            self.coordinator.start(self.t0)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def iteration(self) -> Iteration:
+        """The next iteration: ``with cut.iteration() as it:`` around its micro-batches; the
+        gradients are all-reduced over the admitted samples when the block ends."""
+        return Iteration(self, self.t)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()`` with every group's learning rate scaled for the admitted share
+        of the samples (``lr_scaling``), then restored, so an LR scheduler keeps its own."""
+        if self.rule is None:
+            self.rule = lr_rule(self.cfg.lr_scaling, type(optimizer).__name__)
+        factor = lr_factor(self.rule, self.last.share) if self.last is not None else 1.0
+        saved = [group["lr"] for group in optimizer.param_groups]
+        try:
+            for group in optimizer.param_groups:
+                group["lr"] = _scaled(group["lr"], factor)
+            optimizer.step()
+            applied = optimizer.param_groups[0]["lr"]
+        finally:
+            for group, lr in zip(optimizer.param_groups, saved, strict=True):
+                group["lr"] = lr
+        if self.coordinator is not None and self.last is not None:
+            self.coordinator.rank_values(self.last.iteration, lr=float(applied))
+
+    def log_eval(self, loss: float) -> None:
+        """Record a held-out loss after the last iteration (rank-side; kept by the coordinator
+        rank for the iteration log and the summary's ``final_loss``)."""
+        if self.coordinator is not None and self.last is not None:
+            self.coordinator.rank_values(self.last.iteration, eval_loss=float(loss))
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self, optimizer=None, scheduler=None, path: str | os.PathLike | None = None, **extra):
+        """Rank 0 writes a checkpoint (state dicts of the model, optimizer, scheduler, the next
+        iteration) atomically to ``path`` (default ``<out>/checkpoint.pt``); the trace rows and
+        the iteration log through the last iteration are written first, so a resumed run
+        neither repeats nor misses one. Every rank calls it (it ends with a barrier)."""
+        target = self._checkpoint_path(path)
+        if self.coordinator is not None:
+            self.coordinator.record(self.t)
+        dist.barrier()  # the rows are on disk before the checkpoint counts them
+        if self.rank == 0:
+            state = {
+                "version": CHECKPOINT_VERSION,
+                "run_id": self.run_id,
+                "world_size": self.world,
+                "next_iteration": self.t,
+                "model": self.model.state_dict(),
+                "optimizer": None if optimizer is None else optimizer.state_dict(),
+                "scheduler": None if scheduler is None else scheduler.state_dict(),
+                "extra": extra,
+            }
+            save_atomic(state, target)
+        dist.barrier()
+        return target
+
+    def resume(self, optimizer=None, scheduler=None, path: str | os.PathLike | None = None) -> int:
+        """Load the checkpoint at ``path`` (default ``<out>/checkpoint.pt``) if it exists, on
+        every rank (``weights_only``: loading runs no code); returns the iteration to continue
+        from (0 without one)."""
+        target = self._checkpoint_path(path)
+        if not target.is_file():
+            return 0
+        state = load_state(target)
+        if state.get("world_size") != self.world:
+            raise CheckpointError(
+                f"{target} was written by a {state.get('world_size')}-rank job, this one has "
+                f"{self.world}"
+            )
+        self.model.load_state_dict(state["model"])
+        if optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        self.t = int(state["next_iteration"])
+        if self.coordinator is not None:
+            self.coordinator.resumed_at(self.t, state["run_id"])
+        return self.t
+
+    def close(self) -> dict | None:
+        """End the run: the coordinator writes what is left (trace rows, the run directory)
+        and returns the summary on its rank (None elsewhere). Every rank calls it."""
+        summary = None
+        if self.coordinator is not None:
+            summary = self.coordinator.close(self.t)
+        dist.barrier()
+        return summary
+
+    # -- internals ------------------------------------------------------------------------------
+    def _checkpoint_path(self, path) -> Path:
+        if path is not None:
+            return Path(path)
+        if self.cfg.out is None:
+            raise ConfigError("save/resume need a path, or out= for <out>/checkpoint.pt")
+        return Path(self.cfg.out) / "checkpoint.pt"
+
+    def _agree(self, value):
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _flat_buffer(self) -> torch.Tensor:
+        dtype = (
+            torch.float64 if all(p.dtype == torch.float64 for p in self.params) else torch.float32
+        )
+        numel = sum(p.numel() for p in self.params)
+        return torch.zeros(numel + STATS, dtype=dtype, device=self.device)
+
+    def _start_coordinator(self):
+        """The coordinator thread on ``coordinator_rank``; a policy that cannot be built is
+        the same one-line error on every rank."""
+        coordinator, error = None, None
+        if self.rank == self.cfg.coordinator_rank:
+            try:
+                from bdsgd.stages.loop.coordinator import LoopCoordinator
+
+                coordinator = LoopCoordinator(self.cfg, self.c10d, self.world, self.hosts,
+                                              self.run_id, str(self.device.type))  # fmt: skip
+            except BdsgdError as exc:
+                error = str(exc)
+        box = [error]
+        dist.broadcast_object_list(box, src=self.cfg.coordinator_rank)
+        if box[0] is not None:
+            raise ConfigError(box[0])
+        return coordinator
+
+    def _all_reduce(self, it: Iteration, admitted: bool) -> IterationResult:
+        """One all-reduce of the gradient sum and the statistics; ``.grad`` of every
+        parameter becomes the average over the admitted samples."""
+        flat, numel = self.flat, self.flat.numel() - STATS
+        contributes = admitted or (self.cfg.salvage and it.samples > 0)
+        offset = 0
+        for p in self.params:
+            view = flat[offset : offset + p.numel()]
+            if contributes and p.grad is not None:
+                view.copy_(p.grad.reshape(-1))
+            else:
+                view.zero_()
+            offset += p.numel()
+        samples = it.samples if contributes else 0.0
+        flat[numel:] = torch.tensor(
+            [samples, float(admitted), it.loss_mean() * admitted, it.planned()],
+            dtype=flat.dtype,
+        )
+        dist.all_reduce(flat)
+        stats = flat[numel:].tolist()
+        total = stats[0]
+        if total > 0:
+            flat[:numel].div_(total)
+        self._write_back(flat)
+        loss = stats[2] / stats[1] if stats[1] > 0 else None
+        return IterationResult(it.t, int(round(stats[1])), total, stats[3], loss, not admitted)
+
+    def _write_back(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            view = flat[offset : offset + p.numel()].view_as(p)
+            if p.grad is None or p.grad.dtype != p.dtype or p.grad.shape != p.shape:
+                p.grad = view.to(p.dtype).clone()
+            else:
+                p.grad.copy_(view)
+            offset += p.numel()
+
+
+class Iteration:
+    """One iteration of a rank: its micro-batches, stopping at a cut, then the all-reduce."""
+
+    def __init__(self, cut: Cutoff, t: int) -> None:
+        self.cut, self.t = cut, t
+        self.samples = 0.0  # samples of the finished micro-batches
+        self.losses: list[float] = []
+        self.current = 0  # samples of the micro-batch being computed
+        self.backwards = 0
+        self.planned_now = 0.0  # split(): this rank's whole batch
+        self.seen_cut = False
+        self.delay_s = cut.delays.at(t) if cut.delays is not None else 0.0
+        self.result: IterationResult | None = None
+
+    def __enter__(self) -> Iteration:
+        cut = self.cut
+        self.began = time.perf_counter()
+        cut.timer.start()
+        if cut.coordinator is not None:
+            cut.coordinator.begin(self.t, self.began)
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is not None:
+            return  # the user's error ends the job as it would without bdsgd
+        cut = self.cut
+        if self.current:  # the loop over micro-batches was left with a break
+            self._finish_micro_batch()
+        runtime = cut.timer.stop()
+        admitted = not self.seen_cut and self._take_ticket(runtime)
+        self.result = cut._all_reduce(self, admitted)
+        cut.last, cut.t = self.result, self.t + 1
+        if cut.coordinator is not None:
+            cut.coordinator.rank_values(
+                self.t,
+                end=time.perf_counter(),
+                loss=self.result.loss,
+                samples=self.result.samples,
+            )
+
+    # -- micro-batches --------------------------------------------------------------------------
+    def micro_batches(self, batch, parts: int | None = None) -> Iterator:
+        """``batch`` (a tensor, or a tuple/list/dict of tensors sharing their first dimension)
+        in ``parts`` micro-batches (default ``micro_batches``), until the iteration is cut."""
+        parts = parts or self.cut.cfg.micro_batches
+        pieces = split_batch(batch, parts)
+        self.planned_now = float(sum(batch_size(p) for p in pieces))
+        return self.accumulate(pieces, _planned=True)
+
+    def accumulate(self, micro_batches: Iterable, _planned: bool = False) -> Iterator:
+        """Any iterable of micro-batches (gradient accumulation over a ``DataLoader``), until the
+        iteration is cut."""
+        count = len(micro_batches) if hasattr(micro_batches, "__len__") else None
+        for i, mb in enumerate(micro_batches):
+            if i > 0 and self._is_cut():
+                return
+            self.current = batch_size(mb)
+            yield mb
+            self._finish_micro_batch()
+            if self._wait_delay(count or self.cut.cfg.micro_batches):
+                return
+        if not _planned:
+            self.cut.planned_full = self.samples
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a micro-batch's mean loss, weighted by its samples: the all-reduce
+        then divides by the samples admitted."""
+        if self.current == 0:
+            raise BdsgdError("it.backward(loss) outside a micro-batch of it.micro_batches()")
+        (loss * self.current).backward()
+        self.losses.append(float(loss.detach()))
+        self.backwards += 1
+
+    def loss_mean(self) -> float:
+        finite = [x for x in self.losses if math.isfinite(x)]
+        return sum(finite) / len(finite) if finite else 0.0
+
+    def planned(self) -> float:
+        if self.planned_now:
+            return self.planned_now
+        return max(self.cut.planned_full, self.samples)
+
+    # -- the cut --------------------------------------------------------------------------------
+    def _finish_micro_batch(self) -> None:
+        if self.backwards == 0:
+            raise BdsgdError("a micro-batch ended without it.backward(loss): bdsgd scales and "
+                             "accumulates the gradient there")  # fmt: skip
+        self.samples += self.current
+        self.current, self.backwards = 0, 0
+        self.cut.timer.mark()
+
+    def _is_cut(self) -> bool:
+        if not self.seen_cut:
+            self.seen_cut = self.cut.c10d.check([P.cut_key(self.t)])
+        return self.seen_cut
+
+    def _wait_delay(self, parts: int) -> bool:
+        """This micro-batch's share of the injected delay, ended by a cut; True when cut."""
+        if self.delay_s <= 0:
+            return False
+        if P.wait_key(self.cut.c10d, P.cut_key(self.t), self.delay_s / max(parts, 1)):
+            self.seen_cut = True
+        return self.seen_cut
+
+    def _take_ticket(self, runtime: float) -> bool:
+        """Arrive: a ticket below CLOSED admits this rank's gradient, and its report goes
+        under the ticket for the coordinator."""
+        cut = self.cut
+        ticket = cut.c10d.add(P.ticket_key(self.t), 1)
+        if ticket >= P.CLOSED:
+            return False
+        report = WorkerReport(cut.rank, self.t, self.began - cut.t0, runtime,
+                              self.loss_mean(), self.delay_s)  # fmt: skip
+        cut.c10d.set(P.arrival_key(self.t, ticket), report.encode())
+        return True
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def split_batch(batch, parts: int) -> list:
+    """``batch`` cut along its first dimension into at most ``parts`` micro-batches."""
+    n = batch_size(batch)
+    if n == 0:
+        raise ConfigError("an empty batch cannot be split into micro-batches")
+    parts = min(parts, n)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [_slice(batch, a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _slice(batch, a: int, b: int):
+    if isinstance(batch, torch.Tensor):
+        return batch[a:b]
+    if isinstance(batch, dict):
+        return {k: _slice(v, a, b) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_slice(v, a, b) for v in batch)
+    raise ConfigError(f"cannot split a batch of type {type(batch).__name__}: pass tensors")
+
+
+def batch_size(batch) -> int:
+    """Samples in a micro-batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)) and batch:
+        return batch_size(batch[0])
+    raise ConfigError(f"cannot count the samples of a {type(batch).__name__}: pass tensors")
+
+
+@torch.no_grad()
+def broadcast_module(model: torch.nn.Module, src: int = 0) -> None:
+    """Every parameter and buffer of ``model`` takes rank ``src``'s values (as DDP does)."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=src)
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    """``torch.save`` under a temporary name, synced, renamed into place: a failure (a full
+    disk raises RuntimeError from torch's zip writer) leaves the earlier file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {first_line(exc)}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_state(path: Path) -> dict:
+    """A checkpoint written by :meth:`Cutoff.save` (``weights_only``: loading runs no code)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch's unpickler raises many kinds on a foreign file
+        raise CheckpointError(f"{path} is not a bdsgd loop checkpoint: {first_line(exc)}") from None
+    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path} is not a bdsgd loop checkpoint (version 1)")
+    return state
+
+
+def new_run_id(source: str) -> str:
+    """A sortable, unique run id such as ``train-20261126T153000-1a2b3c``."""
+    return f"{source}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def _source(policy: str) -> str:
+    return "profile" if policy == "full" else "train"
+
+
+def _scaled(lr, factor: float):
+    return lr * factor if isinstance(lr, float | int) else lr.mul(factor)
+
+
+def _default_store() -> dist.Store:
+    """The process group's own c10d store (torchrun's, or the one init_process_group made):
+    nothing large passes through it."""
+    return dist.distributed_c10d._get_default_store()
+
+
+def _gather(value) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _stragglers(cfg: LoopConfig, world: int, rank: int):
+    """This rank's column of injected delays (None: none) and the emulated hosts of the
+    straggler model (None: the machines' own names)."""
+    if cfg.stragglers == "none":
+        return None, None
+    from bdsgd.stages.stragglers import parse_stragglers
+
+    model = parse_stragglers(cfg.stragglers, seed=cfg.seed, time_scale=cfg.time_scale)
+    return model.column(MAX_ITERATIONS, world, rank), model.host_of(world)

@@ -1,0 +1,124 @@
+"""One rank of a small cutoff-controlled training loop, for the tests of bdsgd.Cutoff: an MLP
+with AdamW, linear warmup then cosine decay, gradient clipping and bf16 autocast on the CPU,
+micro-batches from a DataLoader. Started once per rank with RANK, WORLD_SIZE, MASTER_PORT set;
+writes what it saw to ``--result``/rank<r>.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from bdsgd.stages.engine.protocol import open_store
+from torch.utils.data import DataLoader, TensorDataset
+
+import bdsgd
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--stop-after", type=int, default=None, help="save and exit after this many")
+    ap.add_argument("--policy", default="full")
+    ap.add_argument("--stragglers", default="none")
+    ap.add_argument("--micro-batches", type=int, default=2)
+    ap.add_argument("--salvage", action="store_true")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--single", action="store_true", help="one process, no bdsgd: the reference")
+    ap.add_argument("--out")
+    ap.add_argument("--traces")
+    ap.add_argument("--result", required=True)
+    return ap.parse_args()
+
+
+def setup(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[2])
+    return model, opt, sched
+
+
+def data(rank: int, world: int, per_rank: int = 16, steps: int = 32):
+    g = torch.Generator().manual_seed(123)
+    x = torch.randn(steps * world * per_rank, 8, generator=g)
+    y = (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+    ds = TensorDataset(x, y)
+    # each step: rank r takes rows [step*world*per_rank + r*per_rank, ... + per_rank)
+    idx = [
+        s * world * per_rank + rank * per_rank + i for s in range(steps) for i in range(per_rank)
+    ]
+    return DataLoader(torch.utils.data.Subset(ds, idx), batch_size=per_rank, shuffle=False)
+
+
+def loss_of(model, x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    return torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def single(args) -> None:
+    """The reference: one process takes every rank's batch at once, plain PyTorch."""
+    model, opt, sched = setup()
+    world = int(os.environ.get("REF_WORLD", "2"))
+    loaders = [iter(data(r, world)) for r in range(world)]
+    for _ in range(args.steps):
+        xs, ys = zip(*(next(it) for it in loaders), strict=True)
+        loss_of(model, torch.cat(xs), torch.cat(ys)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    write(args.result, 0, model, {})
+
+
+def distributed(args) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = open_store("127.0.0.1", int(os.environ["MASTER_PORT"]), rank == 0, 120)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    model, opt, sched = setup()
+    cut = bdsgd.Cutoff(model, policy=args.policy, micro_batches=args.micro_batches,
+                       salvage=args.salvage, stragglers=args.stragglers, out=args.out,
+                       traces=args.traces, timeout_s=120)  # fmt: skip
+    start = cut.resume(opt, sched) if args.resume else 0
+    batches = iter(data(rank, world))
+    for _ in range(start):
+        next(batches)
+    seen = {"world_size": dist.get_world_size(), "start": start, "samples": [], "admitted": [],
+            "cut": []}  # fmt: skip
+    for step in range(start, args.steps):
+        with cut.iteration() as it:
+            for x, y in it.micro_batches(next(batches)):
+                it.backward(loss_of(model, x, y))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        cut.step(opt)
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        seen["samples"].append(cut.last.samples)
+        seen["admitted"].append(cut.last.admitted)
+        seen["cut"].append(cut.last.cut)
+        if args.stop_after is not None and step + 1 == args.stop_after:
+            cut.save(opt, sched)
+            break
+    summary = cut.close()
+    seen["summary"] = summary
+    write(args.result, rank, model, seen)
+    dist.destroy_process_group()
+
+
+def write(result: str, rank: int, model, seen: dict) -> None:
+    seen["params"] = [p.detach().double().reshape(-1).tolist() for p in model.parameters()]
+    os.makedirs(result, exist_ok=True)
+    with open(os.path.join(result, f"rank{rank}.json"), "w") as fh:
+        json.dump(seen, fh)
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    single(arguments) if arguments.single else distributed(arguments)
+    sys.exit(0)

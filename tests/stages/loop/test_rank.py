@@ -1,0 +1,173 @@
+"""bdsgd.Cutoff in a user's loop: real ranks over gloo on loopback (run_loop.py), each test's
+processes reaped (launch.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from bdsgd.stages.errors import CheckpointError, ConfigError
+from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule
+from bdsgd.stages.loop.rank import batch_size, load_state, split_batch
+from bdsgd.stages.store import TraceStore
+
+from tests.stages.loop.launch import SCRIPT, run_ranks
+
+# rank 0 is persistently 200x slower (about 1 s per micro-batch), the others about 5 ms
+SLOW_RANK0 = "synthetic:base_s=0.005,slow_workers=1,slow_worker_factor=200,sigma=0,spike_p=0"
+
+
+def ranks_ok(results) -> None:
+    for rc, out in results:
+        assert rc == 0, out[-2000:]
+
+
+def load(result: Path, rank: int) -> dict:
+    return json.loads((result / f"rank{rank}.json").read_text())
+
+
+def flat(params: list) -> np.ndarray:
+    return np.concatenate([np.asarray(p) for p in params])
+
+
+@pytest.mark.slow
+def test_full_policy_is_the_whole_batch_step_of_one_process(tmp_path):
+    """AdamW, warmup then cosine, clipping and bf16 autocast, micro-batches: two ranks under
+    ``full`` take the step one process takes on both ranks' batches at once."""
+    ranks_ok(run_ranks(2, "--steps", "5", "--micro-batches", "2", "--result", str(tmp_path / "d")))
+    subprocess.run([sys.executable, str(SCRIPT), "--single", "--steps", "5", "--result",
+                    str(tmp_path / "s")], check=True, timeout=120)  # fmt: skip
+    r0, r1, ref = load(tmp_path / "d", 0), load(tmp_path / "d", 1), load(tmp_path / "s", 0)
+    assert r0["params"] == r1["params"]
+    assert r0["world_size"] == 2 and r0["admitted"] == [2] * 5 and r0["samples"] == [32.0] * 5
+    np.testing.assert_allclose(flat(r0["params"]), flat(ref["params"]), rtol=0, atol=1e-3)
+    moved = np.abs(flat(r0["params"]) - flat(load_initial())).max()
+    assert moved > 20 * 1e-3  # the tolerance is small beside what five steps move
+
+
+def load_initial() -> list:
+    sys.path.insert(0, str(SCRIPT.parent))
+    from tests.stages.loop.run_loop import setup
+
+    model, _, _ = setup()
+    return [p.detach().double().reshape(-1).tolist() for p in model.parameters()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("salvage", [False, True])
+def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path, salvage):
+    """static:2 of 3 with rank 0 (which also runs the coordinator) far slower: every iteration
+    applies the two fast ranks' batches (with salvage also rank 0's finished micro-batches),
+    rank 0's rows are censored, and the replicas stay identical. No rank is reserved."""
+    steps = 4
+    args = ["--steps", str(steps), "--policy", "static:2", "--micro-batches", "4",
+            "--stragglers", SLOW_RANK0, "--result", str(tmp_path / "r"),
+            "--out", str(tmp_path / "run"), "--traces", str(tmp_path / "traces")]  # fmt: skip
+    ranks_ok(run_ranks(3, *args, *(["--salvage"] if salvage else [])))
+    seen = [load(tmp_path / "r", r) for r in range(3)]
+    assert seen[0]["params"] == seen[1]["params"] == seen[2]["params"]
+    assert seen[0]["world_size"] == 3
+    assert seen[0]["cut"] == [True] * steps and seen[1]["cut"] == [False] * steps
+    assert seen[0]["admitted"] == [2] * steps
+    samples = seen[1]["samples"]
+    if salvage:  # rank 0 finished at least one 4-sample micro-batch before its first delay
+        assert all(32 < s < 48 and s % 4 == 0 for s in samples), samples
+    else:
+        assert samples == [32.0] * steps
+    rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
+    assert rows.height == 3 * steps
+    assert rows.filter(rows["worker"] == 0)["censored"].to_list() == [True] * steps
+    assert not any(rows.filter(rows["worker"] != 0)["censored"].to_list())
+    assert set(rows["cutoff"].to_list()) == {2} and set(rows["world_size"].to_list()) == {3}
+    log = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert log["iteration"] == list(range(steps)) and log["c"] == [2] * steps
+
+
+@pytest.mark.slow
+def test_resumed_mid_run_reaches_the_state_of_an_uninterrupted_run(tmp_path):
+    """AdamW moments and the scheduler are restored: 3 steps, save, a new job resumes to 6,
+    and ends where 6 steps straight end; the traces hold each (iteration, rank) once."""
+    common = ["--steps", "6", "--micro-batches", "2"]
+    ranks_ok(run_ranks(2, *common, "--result", str(tmp_path / "straight")))
+    run = ["--out", str(tmp_path / "run"), "--traces", str(tmp_path / "traces")]
+    ranks_ok(run_ranks(2, *common, *run, "--stop-after", "3", "--result", str(tmp_path / "a")))
+    ranks_ok(run_ranks(2, *common, *run, "--resume", "--result", str(tmp_path / "b")))
+    straight, resumed = load(tmp_path / "straight", 0), load(tmp_path / "b", 0)
+    assert resumed["start"] == 3
+    assert resumed["params"] == straight["params"]
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == 12 and rows["run_id"].n_unique() == 1
+    assert sorted(rows["iteration"].unique().to_list()) == list(range(6))
+    log = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert log["iteration"] == list(range(6))
+
+
+@pytest.mark.slow
+def test_a_bad_policy_is_one_error_on_every_rank(tmp_path):
+    results = run_ranks(2, "--policy", "nonsense", "--result", str(tmp_path / "r"))
+    for rc, out in results:
+        assert rc != 0 and "nonsense" in out
+
+
+def test_the_rank_side_loads_no_coordinator_trace_store_or_dataframes():
+    code = ("import sys, bdsgd, bdsgd.stages.loop.rank; bad = [m for m in ('polars', 'pyarrow', "
+            "'rich', 'pyro', 'bdsgd.stages.store', 'bdsgd.stages.loop.coordinator', "
+            "'bdsgd.stages.policies.registry') if m in sys.modules]; print(bad)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert out.stdout.strip() == "[]"
+
+
+# -- pieces -------------------------------------------------------------------------------------
+def test_split_batch_cuts_every_tensor_alike_and_counts_samples():
+    x, y = torch.arange(10).reshape(10, 1), torch.arange(10)
+    parts = split_batch({"x": x, "y": y}, 3)
+    assert [batch_size(p) for p in parts] == [3, 4, 3]
+    assert torch.equal(torch.cat([p["y"] for p in parts]), y)
+    assert [batch_size(p) for p in split_batch((x, y), 20)] == [1] * 10
+    with pytest.raises(ConfigError, match="split"):
+        split_batch("text", 2)
+
+
+def test_lr_scaling_defaults_by_optimizer_family():
+    assert lr_rule("auto", "AdamW") == "sqrt" and lr_rule("auto", "SGD") == "linear"
+    assert lr_rule("none", "AdamW") == "none"
+    assert lr_factor("linear", 0.25) == 0.25 and lr_factor("sqrt", 0.25) == 0.5
+    assert lr_factor("none", 0.25) == 1.0 and lr_factor("linear", 1.5) == 1.0
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(micro_batches=0), "micro_batches"),
+        (dict(lr_scaling="cubic"), "lr_scaling"),
+        (dict(policy="k-async:2"), "asynchronous"),
+        (dict(timeout_s=float("nan")), "timeout_s"),
+    ],
+)
+def test_loop_config_refuses_bad_options_in_one_line(options, match):
+    with pytest.raises(ConfigError, match=match):
+        LoopConfig(**options)
+
+
+def test_cutoff_without_a_process_group_says_what_to_call():
+    import bdsgd
+
+    with pytest.raises(ConfigError, match="init_process_group"):
+        bdsgd.Cutoff(torch.nn.Linear(2, 2))
+
+
+def test_a_foreign_file_is_not_loaded_as_a_checkpoint(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a bdsgd loop checkpoint"):
+        load_state(path)
+    torch.save({"version": 99}, path)
+    with pytest.raises(CheckpointError, match="version 1"):
+        load_state(path)
