@@ -131,7 +131,7 @@ def test_split_batch_cuts_every_tensor_alike_and_counts_samples():
     assert [batch_size(p) for p in parts] == [3, 4, 3]
     assert torch.equal(torch.cat([p["y"] for p in parts]), y)
     assert [batch_size(p) for p in split_batch((x, y), 20)] == [1] * 10
-    with pytest.raises(ConfigError, match="split"):
+    with pytest.raises(ConfigError, match="pass tensors"):
         split_batch("text", 2)
 
 
