@@ -9,13 +9,13 @@ DEMO   := demo-out
 #   make TORCH_INDEX=https://download.pytorch.org/whl/cpu demo
 TORCH_INDEX ?=
 
-.PHONY: install demo test lint bench bench-quick docs clean
+.PHONY: install demo test lint bench bench-quick gpu-check docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))  # first: a loose range pulls newer builds
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,examples]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -50,6 +50,11 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --out bench-out/benchmarks.md --quick
+
+# Everything only a GPU exercises (CUDA tests, NCCL at world size 1, ranks sharing a GPU over
+# gloo, the examples in bf16), a few minutes on one H100; CUDA parts skip, saying so, elsewhere.
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check --out bench-out/gpu-check.md
 
 docs: $(STAMP)
 	$(BIN)/python -m bdsgd_cli.docs docs/cli.md

@@ -45,7 +45,9 @@ class LoopCoordinator:
 
     def __init__(self, cfg: LoopConfig, c10d, world: int, hosts: list[str], run_id: str,
                  device: str) -> None:  # fmt: skip
-        self.cfg, self.c10d, self.world = cfg, c10d, world
+        # a connection of its own: a TCPStore client serves one blocking call at a time, and the
+        # rank's loop on the other thread takes its tickets through the same store
+        self.cfg, self.c10d, self.world = cfg, own_connection(c10d), world
         self.hosts, self.run_id, self.device = list(hosts), run_id, device
         self.policy = make_policy(cfg.policy, world, cfg.checkpoint, self.hosts, seed=cfg.seed)
         if self.policy.mode != "sync" or cfg.policy == "oracle":
@@ -56,6 +58,7 @@ class LoopCoordinator:
         self.coordinated: dict[int, dict] = {}  # t -> what the coordinator saw of iteration t
         self.ranked: dict[int, dict] = defaultdict(dict)  # t -> what the rank reported of t
         self.runtimes: list[np.ndarray] = []  # per-iteration run-times, for the slow-rank note
+        self.censored: list[np.ndarray] = []
         self.log: dict[str, list] = {}
         self.logged_through = -1  # the last iteration in the log
         self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
@@ -171,6 +174,7 @@ class LoopCoordinator:
                 **{k: _float(predicted.get(k)) for k in PREDICTED}, peer=predicted.get("peer"),
             )  # fmt: skip
         self.runtimes.append(outcome.runtimes.copy())
+        self.censored.append(outcome.censored.copy())
         if self.writer is not None and t > self.skip_through:
             self._add_rows(t, began, outcome, reports, None if c >= self.world else c)
 
@@ -265,15 +269,19 @@ class LoopCoordinator:
         }
 
     def slow_ranks(self) -> list[dict]:
-        """Ranks whose median run-time is at least ``SLOW_FACTOR`` times the cluster's median
-        (censored entries count at their cut: a lower bound), slowest first, with their host."""
+        """Ranks that are persistently slow, slowest first, with their host: a median run-time
+        at least ``SLOW_FACTOR`` times the cluster's (censored entries count at their cut, a
+        lower bound), or cut in at least half of the iterations."""
         if len(self.runtimes) == 0 or self.world < MIN_RANKS_TO_NAME:
             return []
-        per_rank = np.median(np.stack(self.runtimes), axis=0)
+        runtimes, censored = np.stack(self.runtimes), np.stack(self.censored)
+        per_rank = np.median(runtimes, axis=0)
         typical = float(np.median(per_rank))
-        slow = [int(w) for w in np.argsort(-per_rank) if per_rank[w] >= SLOW_FACTOR * typical]
-        return [dict(rank=w, host=self.hosts[w], median_s=float(per_rank[w]),
-                     ratio=float(per_rank[w] / typical)) for w in slow]  # fmt: skip
+        cut_share = censored.mean(axis=0)
+        slow = (per_rank >= SLOW_FACTOR * typical) | (cut_share >= 0.5)
+        return [dict(rank=int(w), host=self.hosts[w], median_s=float(per_rank[w]),
+                     ratio=float(per_rank[w] / typical), cut_share=float(cut_share[w]))
+                for w in np.argsort(-per_rank) if slow[w]]  # fmt: skip
 
     def _write_run_dir(self, through: int, final: bool) -> None:
         out = Path(self.cfg.out)
@@ -294,6 +302,17 @@ class LoopCoordinator:
         error = getattr(self.writer, "_error", None)
         if error is not None:
             raise BdsgdError(f"writing traces failed: {first_line(error)}")
+
+
+def own_connection(c10d):
+    """A new client of the same c10d store (``Store.clone``)."""
+    try:
+        return c10d.clone()
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:
+        raise BdsgdError(
+            f"bdsgd needs a process group whose store takes a second connection (torchrun, "
+            f"env:// or tcp://): {first_line(exc)}"
+        ) from None
 
 
 def earlier_log(out: str | None, before: int) -> dict[str, list]:

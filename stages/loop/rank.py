@@ -288,7 +288,8 @@ class Iteration:
     def __init__(self, cut: Cutoff, t: int) -> None:
         self.cut, self.t = cut, t
         self.samples = 0.0  # samples of the finished micro-batches
-        self.losses: list[float] = []
+        self.loss_sum: torch.Tensor | float = 0.0  # of the micro-batches' mean losses
+        self.losses = 0
         self.current = 0  # samples of the micro-batch being computed
         self.backwards = 0
         self.planned_now = 0.0  # split(): this rank's whole batch
@@ -352,12 +353,15 @@ class Iteration:
         if self.current == 0:
             raise BdsgdError("it.backward(loss) outside a micro-batch of it.micro_batches()")
         (loss * self.current).backward()
-        self.losses.append(float(loss.detach()))
+        self.loss_sum = self.loss_sum + loss.detach().float()  # read once, at the end
+        self.losses += 1
         self.backwards += 1
 
     def loss_mean(self) -> float:
-        finite = [x for x in self.losses if math.isfinite(x)]
-        return sum(finite) / len(finite) if finite else 0.0
+        if not self.losses:
+            return 0.0
+        mean = float(self.loss_sum) / self.losses
+        return mean if math.isfinite(mean) else 0.0
 
     def planned(self) -> float:
         if self.planned_now:
@@ -500,3 +504,11 @@ def _stragglers(cfg: LoopConfig, world: int, rank: int):
 
     model = parse_stragglers(cfg.stragglers, seed=cfg.seed, time_scale=cfg.time_scale)
     return model.column(MAX_ITERATIONS, world, rank), model.host_of(world)
+
+
+def straggler_delays(spec: str, world: int, rank: int, seed: int = 0, time_scale: float = 1.0):
+    """Rank ``rank``'s injected delays of a ``--stragglers`` spec (``.at(step)``, seconds), or
+    None for ``none``: what :class:`Cutoff` waits out, for a script without bdsgd that is to
+    meet the same emulated cluster."""
+    cfg = LoopConfig(stragglers=spec, seed=seed, time_scale=time_scale)
+    return _stragglers(cfg, world, rank)[0]

@@ -28,15 +28,18 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--salvage", action="store_true")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--single", action="store_true", help="one process, no bdsgd: the reference")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--backend", default="gloo")
     ap.add_argument("--out")
     ap.add_argument("--traces")
     ap.add_argument("--result", required=True)
     return ap.parse_args()
 
 
-def setup(seed: int = 0):
+def setup(seed: int = 0, device: str = "cpu"):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
     cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
@@ -57,7 +60,9 @@ def data(rank: int, world: int, per_rank: int = 16, steps: int = 32):
 
 
 def loss_of(model, x, y):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         out = model(x)
     return torch.nn.functional.cross_entropy(out.float(), y)
 
@@ -80,8 +85,8 @@ def single(args) -> None:
 def distributed(args) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = open_store("127.0.0.1", int(os.environ["MASTER_PORT"]), rank == 0, 120)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    model, opt, sched = setup()
+    dist.init_process_group(args.backend, store=store, rank=rank, world_size=world)
+    model, opt, sched = setup(device=args.device)
     cut = bdsgd.Cutoff(model, policy=args.policy, micro_batches=args.micro_batches,
                        salvage=args.salvage, stragglers=args.stragglers, out=args.out,
                        traces=args.traces, timeout_s=120)  # fmt: skip
@@ -112,7 +117,7 @@ def distributed(args) -> None:
 
 
 def write(result: str, rank: int, model, seen: dict) -> None:
-    seen["params"] = [p.detach().double().reshape(-1).tolist() for p in model.parameters()]
+    seen["params"] = [p.detach().cpu().double().reshape(-1).tolist() for p in model.parameters()]
     os.makedirs(result, exist_ok=True)
     with open(os.path.join(result, f"rank{rank}.json"), "w") as fh:
         json.dump(seen, fh)
