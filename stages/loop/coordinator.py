@@ -251,7 +251,7 @@ class LoopCoordinator:
             "engine": "loop",
             "policy": self.cfg.policy,
             "run_id": self.run_id,
-            "traces": self.cfg.traces,
+            "traces": str(Path(self.cfg.traces).resolve()) if self.cfg.traces else None,
             "iterations": int(c.size),
             "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
             "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -203,6 +204,10 @@ class Cutoff:
         summary = None
         if self.coordinator is not None:
             summary = self.coordinator.close(self.t)
+            for slow in summary["slow_ranks"]:
+                print(f"bdsgd: rank {slow['rank']} on {slow['host']} is persistently slow: median "
+                      f"{slow['median_s'] * 1e3:.1f} ms, {slow['ratio']:.2f}x the ranks' median, "
+                      f"cut in {slow['cut_share']:.0%} of iterations", file=sys.stderr)  # fmt: skip
         dist.barrier()
         return summary
 
