@@ -1,0 +1,80 @@
+"""The loop's coordinator on an in-process store: ranks are played by the test (tickets and
+reports as a rank takes and writes them), so the cut, the censoring and the records are checked
+without processes."""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import pytest
+import torch.distributed as dist
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.loop.config import LoopConfig
+from bdsgd.stages.loop.coordinator import LoopCoordinator
+from bdsgd.stages.store import TraceStore
+
+WAIT_S = 60.0  # for the coordinator thread's cut, on a loaded machine
+
+
+def arrive(store, t: int, worker: int, runtime: float) -> int:
+    ticket = store.add(P.ticket_key(t), 1)
+    if ticket < P.CLOSED:
+        store.set(
+            P.arrival_key(t, ticket), WorkerReport(worker, t, 0.0, runtime, 0.5, 0.0).encode()
+        )
+    return ticket
+
+
+def wait_cut(store, t: int) -> int:
+    deadline = time.monotonic() + WAIT_S
+    while not store.check([P.cut_key(t)]):
+        assert time.monotonic() < deadline, f"no cut of iteration {t}"
+        time.sleep(0.001)
+    return int(store.get(P.cut_key(t)))
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    store = dist.HashStore()
+    cfg = LoopConfig(policy="static:2", traces=str(tmp_path / "traces"), out=str(tmp_path / "run"))
+    coord = LoopCoordinator(cfg, store, 3, ["h0", "h1", "h2"], "run-x", "cpu")
+    coord.start(time.perf_counter())
+    yield coord, store
+    coord.begins.put(None)
+
+
+def test_static_cut_admits_the_first_two_tickets_and_censors_the_third(coordinator, tmp_path):
+    coord, store = coordinator
+    for t in range(3):
+        coord.begin(t, time.perf_counter())
+        assert arrive(store, t, 2, 0.02) == 1 and arrive(store, t, 1, 0.03) == 2
+        assert wait_cut(store, t) == 2
+        assert arrive(store, t, 0, 0.5) > P.CLOSED  # the late rank's ticket is refused
+        coord.rank_values(t, end=time.perf_counter(), loss=0.5, lr=0.1)
+    summary = coord.close(3)
+    assert summary["iterations"] == 3 and summary["mean_c"] == 2.0
+    assert summary["slow_ranks"][0]["rank"] == 0 and summary["slow_ranks"][0]["cut_share"] == 1.0
+    rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
+    assert rows.height == 9 and set(rows["cutoff"].to_list()) == {2}
+    late = rows.filter(pl.col("worker") == 0)
+    assert late["censored"].to_list() == [True] * 3
+    assert all(r >= 0.03 for r in late["runtime_s"].to_list())  # censored at the cut
+    assert not any(rows.filter(pl.col("worker") != 0)["censored"].to_list())
+    assert rows.filter(pl.col("worker") == 1)["runtime_s"].to_list() == [0.03] * 3
+
+
+def test_a_ticket_taken_before_the_close_is_admitted_and_traced(coordinator, tmp_path):
+    """Tickets race the close: whoever got a ticket below CLOSED is in the all-reduce, so the
+    coordinator reads its report too, even past the policy's c."""
+    coord, store = coordinator
+    arrive(store, 0, 0, 0.01)
+    arrive(store, 0, 1, 0.02)
+    arrive(store, 0, 2, 0.03)  # all three before the coordinator even begins
+    coord.begin(0, time.perf_counter())
+    assert wait_cut(store, 0) == 3
+    coord.rank_values(0, end=time.perf_counter(), loss=0.5)
+    assert coord.close(1)["mean_c"] == 3.0
+    rows = TraceStore(tmp_path / "traces").read()
+    assert not any(rows["censored"].to_list()) and rows["cutoff"].to_list() == [None] * 3
