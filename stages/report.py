@@ -457,12 +457,30 @@ def render_index(
     for run in runs:
         lines += [f"### {run.name} ({run.summary.get('kind', '?')})", ""]
         lines += metrics_table([s for s in series if s.run is run], shown) + [""]
+    lines += slow_rank_lines(runs)
     lines += ["## Plots", ""]
     for name, caption in plots:
         lines += [f"![{name[:-4]}]({name})", "", f"*{caption}*", ""]
     if warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
     return "\n".join(lines)
+
+
+def slow_rank_lines(runs: list[Run]) -> list[str]:
+    """The persistently slow ranks and their hosts that a run of one's own loop named
+    (``bdsgd.Cutoff``'s summary), slowest first."""
+    named = [(run, run.summary.get("slow_ranks") or []) for run in runs]
+    if not any(slow for _, slow in named):
+        return []
+    lines = ["## Persistently slow ranks", "",
+             "median run-time against the ranks' median (censored run-times count at their cut, "
+             "a lower bound), and the share of iterations the rank was cut in", ""]  # fmt: skip
+    for run, slow in named:
+        for s in slow:
+            lines.append(f"- `{run.name}`: rank {s['rank']} on `{s['host']}`, median "
+                         f"{s['median_s'] * 1e3:.1f} ms ({s['ratio']:.2f}x), cut in "
+                         f"{s.get('cut_share', 0.0):.0%} of iterations")  # fmt: skip
+    return lines + [""]
 
 
 # -- driver -----------------------------------------------------------------------------------

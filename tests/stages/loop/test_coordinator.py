@@ -78,3 +78,19 @@ def test_a_ticket_taken_before_the_close_is_admitted_and_traced(coordinator, tmp
     assert coord.close(1)["mean_c"] == 3.0
     rows = TraceStore(tmp_path / "traces").read()
     assert not any(rows["censored"].to_list()) and rows["cutoff"].to_list() == [None] * 3
+
+
+def test_the_report_names_the_slow_ranks_a_loop_found(coordinator, tmp_path):
+    from bdsgd.stages.report import ReportConfig, run_report
+
+    coord, store = coordinator
+    for t in range(2):
+        coord.begin(t, time.perf_counter())
+        arrive(store, t, 2, 0.02)
+        arrive(store, t, 1, 0.03)
+        wait_cut(store, t)
+        coord.rank_values(t, end=time.perf_counter(), loss=0.5)
+    coord.close(2)
+    run_report(ReportConfig(run_dirs=(tmp_path / "run",), out=tmp_path / "report"))
+    index = (tmp_path / "report" / "index.md").read_text()
+    assert "## Persistently slow ranks" in index and "rank 0 on `h0`" in index
