@@ -60,6 +60,15 @@ timeout = click.option(
     show_default=True,
     help="Seconds to wait on another process before declaring it dead.",
 )
+start_timeout = click.option(
+    "--start-timeout",
+    "start_timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds the workers may take to start (import torch, load the workload) before the "
+    "run fails naming the ones that did not.",
+)
 
 explore = click.option(
     "--explore",

@@ -25,6 +25,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.allreduce
 @options.host
 @options.timeout
+@options.start_timeout
 @options.allow_oversubscribe
 @options.json_out
 @run_stage

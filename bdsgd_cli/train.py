@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -95,12 +96,13 @@ SPEC_KEYS = (
     "resume",
     type=click.Path(file_okay=False, exists=True),
     help="Continue the killed run in this run directory, with the settings in its config.json "
-    "(only --iterations, --workload and --allow-oversubscribe may be given too; a "
+    "(only --iterations, --workload, --allow-oversubscribe and --start-timeout may be given too; a "
     "module:function workload must be given again with --workload: the run directory is not "
     "trusted to name code).",
 )
 @options.host
 @options.timeout
+@options.start_timeout
 @options.allow_oversubscribe
 @click.option(
     "--force",
@@ -123,7 +125,14 @@ def train(json_out: bool, resume: str | None, **kwargs) -> None:
         emit_json({k: summary[k] for k in SPEC_KEYS} | {"run_id": summary["run_id"]})
 
 
-RESUME_FLAGS = {"resume", "iterations", "workload", "allow_oversubscribe", "json_out"}
+RESUME_FLAGS = {
+    "resume",
+    "iterations",
+    "workload",
+    "allow_oversubscribe",
+    "start_timeout_s",
+    "json_out",
+}
 
 
 def check_resume_flags(ctx: click.Context) -> None:
@@ -141,7 +150,7 @@ def check_resume_flags(ctx: click.Context) -> None:
 
         raise ConfigError(
             f"--resume continues with the settings in RUN_DIR/config.json; only --iterations, "
-            f"--workload and --allow-oversubscribe may be given with it, not {', '.join(ignored)}"
+            f"--workload, --allow-oversubscribe and --start-timeout may be given with it, not {', '.join(ignored)}"
         )
 
 
@@ -154,9 +163,12 @@ def _config(resume: str | None, kw: dict):
         check_resume_flags(ctx)
         given = ctx.get_parameter_source("workload")
         workload = kw["workload"] if given == ParameterSource.COMMANDLINE else None
-        return resume_config(
+        cfg = resume_config(
             Path(resume), kw["iterations"], kw["allow_oversubscribe"], workload=workload
         )
+        if ctx.get_parameter_source("start_timeout_s") == ParameterSource.COMMANDLINE:
+            cfg = dataclasses.replace(cfg, start_timeout_s=kw["start_timeout_s"])  # (the machine's)
+        return cfg
     missing = [
         f"--{k.replace('_', '-')}"
         for k in ("workers", "iterations", "policy", "traces", "out")

@@ -10,7 +10,6 @@ import time
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.collective import star_sum
 from bdsgd.stages.workloads import load_workload
 
 
@@ -81,10 +80,7 @@ def _sum_worker(
     store = dist.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60)
     )
-    opts = dist.ProcessGroupGloo._Options()
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    opts._timeout = datetime.timedelta(seconds=60)
-    group = dist.ProcessGroupGloo(dist.PrefixStore("sum/", store), rank, world, opts)
+    group = P.gloo_group(store, "sum/", rank, world, "127.0.0.1", 60.0)
     buf, inbox = torch.ones(size), [torch.empty(size) for _ in range(world - 1)]
     times = []
     for i in range(reps + 3):
@@ -95,7 +91,7 @@ def _sum_worker(
         if mode == "ring":
             group.allreduce([buf]).wait()
         else:  # the star, as the collective engine's replicas run it
-            star_sum(group, rank, world, buf, inbox)()
+            P.star_sum(group, rank, world, buf, inbox)()
         if i >= 3:
             times.append(time.perf_counter() - tic)
     q.put(sorted(times)[len(times) // 2] * 1e3)

@@ -54,6 +54,9 @@ class ProfileConfig:
     """Address the control store and the server bind to."""
     timeout_s: float = 60.0
     """Longest wait on another process before it is declared dead."""
+    start_timeout_s: float = 300.0
+    """Longest wait for the workers to start (import torch, load the workload): on a loaded
+    machine or a shared filesystem that takes far longer than any wait in a run."""
     allow_oversubscribe: bool = False
     """Start more workers than this machine runs (:mod:`bdsgd.stages.capacity`)."""
 
@@ -64,10 +67,12 @@ class ProfileConfig:
             raise ConfigError(f"--iterations must be >= 1, got {self.iterations}")
         if self.batch_size < 1 or self.micro_batches < 1 or self.batch_size < self.micro_batches:
             raise ConfigError("--batch-size must be >= 1 and at least the number of micro-batches")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError(
-                f"--timeout must be a finite number of seconds > 0, got {self.timeout_s}"
-            )
+        for flag, value in (
+            ("--timeout", self.timeout_s),
+            ("--start-timeout", self.start_timeout_s),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {value}")
 
 
 @dataclass(frozen=True)

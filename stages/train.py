@@ -108,6 +108,9 @@ class TrainConfig:
     """Address the server binds to."""
     timeout_s: float = 60.0
     """Longest wait on another process before it is declared dead."""
+    start_timeout_s: float = 300.0
+    """Longest wait for the workers to start (import torch, load the workload): on a loaded
+    machine or a shared filesystem that takes far longer than any wait in a run."""
     allow_oversubscribe: bool = False
     """Start more workers than this machine runs (:mod:`bdsgd.stages.capacity`)."""
     force: bool = False
@@ -126,7 +129,8 @@ class TrainConfig:
             )
         if not 1 <= self.min_workers <= self.workers:
             raise ConfigError(f"--min-workers must be in 1..{self.workers}")
-        for flag, value in (("--lr", self.lr), ("--timeout", self.timeout_s)):
+        timeouts = (("--timeout", self.timeout_s), ("--start-timeout", self.start_timeout_s))
+        for flag, value in (("--lr", self.lr), *timeouts):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
         if self.record_batch < 1 or self.eval_every < 1:

@@ -1,7 +1,7 @@
 """The distributed engine behind ``bdsgd profile`` and ``bdsgd train``: one shape, three variants.
 
 - ``config.py``: :class:`EngineConfig`, the optimizer and the learning-rate scaling.
-- ``report.py``: :class:`WorkerReport`, the one encoding of a computation from worker to trace.
+- ``worker_report.py``: :class:`WorkerReport`, the one encoding of a computation from worker to trace.
 - ``protocol.py``: store keys, payloads, the control store and gloo groups.
 - ``base.py``: :class:`Engine`, what every variant shares (loop, liveness, metrics row, trace rows,
   checkpoint state) and :class:`ServerModel` (parameters held by an engine process).

@@ -19,11 +19,10 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import async_protocol as A
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import Engine, ServerModel, interrupts_deferred
 from bdsgd.stages.engine.config import scaled_lr
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
 from torch.nn.utils import parameters_to_vector
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after
@@ -103,7 +102,7 @@ class AsyncServer(Engine):
         """The gradient holding the next ticket, or None when the set of workers changed (a
         death, a timeout, a ticket whose holder died) and the caller should look again."""
         ticket = self.cursor + 1
-        key = A.arrival_key(ticket)
+        key = P.async_arrival_key(ticket)
         while not P.wait_key(self.store, key, 0.05):
             if self.reap():
                 return None
@@ -124,7 +123,7 @@ class AsyncServer(Engine):
         if not self.live[w]:
             return None  # declared dead (timed out): its gradient is not taken
         try:
-            self.groups[w].recv([self.grad_buf], 1, A.GRAD_TAG).wait()
+            self.groups[w].recv([self.grad_buf], 1, P.ASYNC_GRAD_TAG).wait()
         except (RuntimeError, dist.DistError):
             self.declare_dead([w])
             return None
@@ -135,7 +134,7 @@ class AsyncServer(Engine):
     def holder_died(self, ticket: int) -> bool:
         """Whether ``ticket`` was taken by a worker that died before naming itself: only asked
         once some worker died, and only after a grace period."""
-        if not self.dead_at or self.store.add(A.ARRIVALS, 0) < ticket:
+        if not self.dead_at or self.store.add(P.ASYNC_ARRIVALS, 0) < ticket:
             return False
         if self.hole is None or self.hole[0] != ticket:
             self.hole = (ticket, time.monotonic())
@@ -159,11 +158,11 @@ class AsyncServer(Engine):
         vector = parameters_to_vector(self.params.model.parameters()).detach()
         for w in map(int, workers):
             j = int(self.next_j[w])
-            payload = A.pack_params(vector, self.version, j)
+            payload = P.pack_params(vector, self.version, j)
             self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
             self.current_j[w], self.next_j[w] = j, j + 1
             try:
-                self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
+                self.sends[w] = self.groups[w].send([payload], 1, P.ASYNC_PARAMS_TAG)
             except (RuntimeError, dist.DistError):
                 self.declare_dead([w])
             self.waiting[w] = False
@@ -174,12 +173,12 @@ class AsyncServer(Engine):
     # -- start, liveness, end -----------------------------------------------------------------
     def connect(self) -> None:
         """Wait (bounded) for every live worker, then build each one's pair group."""
-        self.t0_epoch = float(self.store.get("t0").decode())
-        self.wait_counter(A.READY, int(self.live.sum()))
-        self.store.set(A.CONNECT, ",".join(str(w) for w in np.flatnonzero(self.live)))
+        self.t0_epoch = float(self.store.get(P.T0_KEY).decode())
+        self.wait_ready()
+        self.store.set(P.ASYNC_CONNECT, ",".join(str(w) for w in np.flatnonzero(self.live)))
         for w in map(int, np.flatnonzero(self.live)):
             try:
-                self.groups[w] = A.pair_group(self.store, w, 0, self.cfg.host, self.cfg.timeout_s)
+                self.groups[w] = P.pair_group(self.store, w, 0, self.cfg.host, self.cfg.timeout_s)
             except (RuntimeError, dist.DistError):
                 self.declare_dead([w])
         self.last_end = time.perf_counter()
@@ -208,7 +207,7 @@ class AsyncServer(Engine):
         for a store or worker that is already gone."""
         self.finishing = True
         try:
-            self.store.set(A.STOP, "1")
+            self.store.set(P.ASYNC_STOP, "1")
             for w in np.flatnonzero(self.live & self.waiting):
                 self.send_stop(int(w))
             self.drain(time.monotonic() + grace_s)
@@ -223,25 +222,25 @@ class AsyncServer(Engine):
         out = {int(w) for w in np.flatnonzero(self.live & ~self.waiting) if int(w) in self.groups}
         while out and time.monotonic() < deadline:
             self.reap()
-            if P.wait_key(self.store, A.arrival_key(self.cursor + 1), 0.02):
+            if P.wait_key(self.store, P.async_arrival_key(self.cursor + 1), 0.02):
                 self.cursor += 1
-                report = WorkerReport.decode(self.store.get(A.arrival_key(self.cursor)))
+                report = WorkerReport.decode(self.store.get(P.async_arrival_key(self.cursor)))
                 if report.worker in out and self.receive(report) is not None:
                     self.send_stop(report.worker)
             for w in list(out):
                 if self.waiting[w] or not self.live[w]:
                     out.discard(w)
-                elif self.store.check([A.end_key(w)]):
-                    if blob := self.store.get(A.end_key(w)):
+                elif self.store.check([P.async_end_key(w)]):
+                    if blob := self.store.get(P.async_end_key(w)):
                         self.add_row(WorkerReport.decode(blob))
                     self.waiting[w] = True  # accounted for
                     out.discard(w)
 
     def send_stop(self, w: int) -> None:
-        payload = torch.zeros(A.PARAM_HEADER + self.grad_buf.numel())
-        payload[0] = A.STOP_VERSION
+        payload = torch.zeros(P.PARAM_HEADER + self.grad_buf.numel())
+        payload[0] = P.STOP_VERSION
         try:
-            self.sends[w] = self.groups[w].send([payload], 1, A.PARAMS_TAG)
+            self.sends[w] = self.groups[w].send([payload], 1, P.ASYNC_PARAMS_TAG)
         except (RuntimeError, dist.DistError):
             pass
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 import torch
-from bdsgd.stages.engine import async_protocol as A
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.worker import WorkerProcess, WorkerSpec, worker_entry
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -23,51 +22,52 @@ class AsyncWorker(WorkerProcess):
     def __init__(self, spec: WorkerSpec):
         super().__init__(spec)
         n = parameters_to_vector(self.model.parameters()).numel()
-        self.params = torch.zeros(A.PARAM_HEADER + n)
+        self.params = torch.zeros(P.PARAM_HEADER + n)
         self.group = None
 
     def run(self) -> None:
-        self.store.add(A.READY, 1)
+        self.mark_ready()
         if not self.wait_connect():
             return
         # the worker's side of the pair outwaits the server's: the server gives up on a worker
         # (and says so) before the worker gives up on it
         timeout = 2 * self.spec.cfg.timeout_s
-        self.group = A.pair_group(self.store, self.w, 1, self.spec.bind_host, timeout)
+        self.group = P.pair_group(self.store, self.w, 1, self.spec.bind_host, timeout)
         while self.receive_params() and self.computation():
             pass
 
     def wait_connect(self) -> bool:
-        """Wait (bounded) until the server builds the pairs; False if the run stopped first or
-        goes on without this worker (it was dead when the run was checkpointed)."""
-        deadline = time.monotonic() + self.spec.cfg.timeout_s
-        while not P.wait_key(self.store, A.CONNECT, 0.2):
-            if self.store.check([A.STOP]):
+        """Wait until the server builds the pairs (once every worker started: bounded by
+        ``--start-timeout`` and ``--timeout``); False if the run stopped first or goes on
+        without this worker (it was dead when the run was checkpointed)."""
+        deadline = time.monotonic() + self.spec.cfg.start_timeout_s + self.spec.cfg.timeout_s
+        while not P.wait_key(self.store, P.ASYNC_CONNECT, 0.2):
+            if self.store.check([P.ASYNC_STOP]):
                 return False
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {self.w}: no word from the server")
-        return str(self.w) in self.store.get(A.CONNECT).decode().split(",")
+        return str(self.w) in self.store.get(P.ASYNC_CONNECT).decode().split(",")
 
     def receive_params(self) -> bool:
         """Block until the server sends parameters (True) or a stop message (False)."""
-        self.group.recv([self.params], 0, A.PARAMS_TAG).wait()
-        if float(self.params[0]) == A.STOP_VERSION:
+        self.group.recv([self.params], 0, P.ASYNC_PARAMS_TAG).wait()
+        if float(self.params[0]) == P.STOP_VERSION:
             return False
-        vector_to_parameters(self.params[A.PARAM_HEADER :], self.model.parameters())
+        vector_to_parameters(self.params[P.PARAM_HEADER :], self.model.parameters())
         return True
 
     def computation(self) -> bool:
         """One computation on the parameters just received; False if the run stopped meanwhile."""
         version, j = int(self.params[0]), int(self.params[1])
-        grad = self.compute(j, A.STOP, cuttable=True)
+        grad = self.compute(j, P.ASYNC_STOP, cuttable=True)
         report = self.report(j, grad, version)
         if grad.loss is None:
-            self.store.set(A.end_key(self.w), report.encode())
+            self.store.set(P.async_end_key(self.w), report.encode())
             return False
-        ticket = self.store.add(A.ARRIVALS, 1)
-        self.store.set(A.arrival_key(ticket), report.encode())
+        ticket = self.store.add(P.ASYNC_ARRIVALS, 1)
+        self.store.set(P.async_arrival_key(ticket), report.encode())
         flat = torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
-        self.group.send([flat], 0, A.GRAD_TAG).wait()
+        self.group.send([flat], 0, P.ASYNC_GRAD_TAG).wait()
         return True
 
 

@@ -25,7 +25,7 @@ from bdsgd.stages.console import console
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import EngineConfig, sgd
 from bdsgd.stages.engine.janitor import KeyJanitor
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.stop import STOP_REQUESTED
@@ -198,7 +198,7 @@ class Engine(abc.ABC):
     def connect(self) -> None:
         """Wait (bounded) until every live worker has started, so that process start-up is not
         counted as iteration 0's time (nor as the engine's overhead)."""
-        self.wait_counter(P.READY, int(self.live.sum()))
+        self.wait_ready()
 
     @abc.abstractmethod
     def finish(self, current: int) -> None:
@@ -218,13 +218,25 @@ class Engine(abc.ABC):
         return {"engine": self.kind}
 
     # -- liveness -----------------------------------------------------------------------------
-    def wait_counter(self, key: str, target: int) -> None:
-        deadline = time.monotonic() + self.cfg.timeout_s
-        while self.store.add(key, 0) < target:
-            if time.monotonic() > deadline:
-                raise WorkerError(f"workers did not start within {self.cfg.timeout_s:g} s")
-            self.reap()
+    def wait_ready(self) -> None:
+        """Wait until every live worker has started and reached the store; past the deadline,
+        or when a worker's process ends first, say which did not start."""
+        workers = [int(w) for w in np.flatnonzero(self.live)]
+        keys = [P.ready_key(w) for w in workers]
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while not self.store.check(keys):
+            exited = [w for w in workers if not self.alive(w)]
+            if exited or time.monotonic() > deadline:
+                raise WorkerError(self.not_started(workers, exited))
             time.sleep(0.01)
+
+    def not_started(self, workers: list[int], exited: list[int]) -> str:
+        """The one-line error naming the workers that did not start."""
+        if exited:
+            return f"worker(s) {', '.join(map(str, exited))} exited during start-up"
+        missing = [w for w in workers if not self.store.check([P.ready_key(w)])]
+        return (f"worker(s) {', '.join(map(str, missing))} did not start within "
+                f"{self.cfg.start_timeout_s:g} s (--start-timeout)")  # fmt: skip
 
     def reap(self) -> bool:
         """Mark workers whose process ended as dead; True if any newly died."""

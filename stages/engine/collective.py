@@ -34,167 +34,24 @@ replicas stay identical whichever of them had stepped.
 
 from __future__ import annotations
 
-import io
 import os
-import struct
 import time
-from typing import NamedTuple
 
 import numpy as np
 import torch
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import interrupts_deferred
 from bdsgd.stages.engine.config import scaled_lr
-from bdsgd.stages.engine.report import WorkerReport
 from bdsgd.stages.engine.sync import SyncEngine
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.workloads import resolve_device
 
 FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
-ALLREDUCE_KEY = "callreduce"  # how the replicas sum: "ring" or "star" (allreduce_algorithm)
-STATES_KEY = "cstates"  # "1": the lowest replica publishes its state for each checkpoint
 STAR_MAX_PARAMS = 250_000  # auto: a star up to this model size (1 MB of float32) ...
 STAR_CROWDED_MAX_PARAMS = 1_000_000  # ... or up to this one with more workers than cores
 LOOKAHEAD = 64  # iterations a c that depends on nothing observed is announced ahead, at most
 LOOKAHEAD_S = 0.05  # ... and no more than this much time ahead (a stop waits for them)
-STEP_BATCH = 32  # steps of a fixed c the lowest replica publishes at once, at most
-
-
-# -- store keys of the collective protocol ----------------------------------------------------
-def generation_key(generation: int) -> str:
-    """``"<members>;<iteration to resume at>"`` of a generation (members are process ids)."""
-    return f"cgen/{generation}"
-
-
-def joined_key(generation: int) -> str:
-    """Counts the members that joined ``generation`` (each after publishing the steps it holds
-    of the generation before)."""
-    return f"cjoined/{generation}"
-
-
-def fail_key(generation: int) -> str:
-    """Appended ``"<worker>,"`` by each member whose all-reduce failed in ``generation``."""
-    return f"cfail/{generation}"
-
-
-def eval_key(t: int | str) -> str:
-    """The held-out loss after iteration t (or ``final``), from the lowest replica."""
-    return f"ceval/{t}"
-
-
-def replica_key(steps: int | str) -> str:
-    """The lowest replica's state (``torch.save`` bytes) after ``steps`` iterations, at each
-    checkpoint and at the end (``final``); ``init`` holds a resumed run's state."""
-    return f"creplica/{steps}"
-
-
-def step_key(t: int) -> str:
-    """Iteration t's all-reduce as the lowest replica saw it (:func:`encode_step`): the
-    gradient statistics behind the coordinator's noise scale, and the reports it carried."""
-    return f"cstep/{t}"
-
-
-def encode_step(stats: tuple, slots: bytes, evaluated: tuple[int, float] | None = None) -> bytes:
-    """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), then
-    ``";<iteration>,<held-out loss>"`` when the all-reduce summed one (empty after the ``;``
-    otherwise), a newline, then the reduced report slots (float32 bytes,
-    :meth:`WorkerReport.from_slots`)."""
-    head = ",".join(map(repr, stats)) + ";" + ",".join(map(repr, evaluated or ()))
-    return head.encode() + b"\n" + slots
-
-
-class Step(NamedTuple):
-    """A published step, decoded (:func:`decode_step`)."""
-
-    stats: tuple | None  # (n, sum |g_i|^2, |mean|^2, samples); None: nothing was applied
-    evaluated: tuple[int, float] | None  # (iteration, held-out loss after it) summed by it
-    reports: list[tuple[int, WorkerReport]]  # (ticket, report) the all-reduce carried
-
-
-BATCH_ENTRY = struct.Struct("<qI")  # iteration, length of its step
-BATCH_HEAD, BATCH_POINTER = b"B", b"@"  # a batch's first key holds it; the others point there
-
-
-def batch_values(steps: list[tuple[int, bytes]]) -> list[bytes]:
-    """The values of consecutive (iteration, :func:`encode_step` bytes), one per
-    :func:`step_key` of the batch: the first key holds every step of the batch, each later one
-    points to it (``@<first iteration>``), so whichever key the coordinator waits for (the
-    first it has not read: after a regrouping, one inside a batch) leads it to the whole batch
-    in one or two reads, and a batch of k steps moves k steps, not k(k+1)/2."""
-    blob = BATCH_HEAD + b"".join(BATCH_ENTRY.pack(t, len(step)) + step for t, step in steps)
-    return [blob] + [BATCH_POINTER + str(steps[0][0]).encode()] * (len(steps) - 1)
-
-
-def batch_pointer(value: bytes) -> int | None:
-    """The batch's first iteration, where ``value`` points to it; None where it is the batch."""
-    return int(value[1:]) if value[:1] == BATCH_POINTER else None
-
-
-def decode_batch(blob: bytes) -> dict[int, bytes]:
-    """iteration -> its step, of a batch's first value (:func:`batch_values`)."""
-    steps, at = {}, len(BATCH_HEAD)
-    while at < len(blob):
-        t, size = BATCH_ENTRY.unpack_from(blob, at)
-        at += BATCH_ENTRY.size
-        steps[t], at = blob[at : at + size], at + size
-    return steps
-
-
-def decode_step(blob: bytes, slots: bool = True) -> Step:
-    """A step published by :func:`encode_step` (no reports unless ``slots``)."""
-    head, _, rest = blob.partition(b"\n")
-    applied, _, evaluated = head.decode().partition(";")
-    stats = None
-    if applied:
-        n, sq, mean_sq, samples = applied.split(",")
-        stats = (int(n), float(sq), float(mean_sq), int(samples))
-    loss = None
-    if evaluated:
-        t, value = evaluated.split(",")
-        loss = (int(t), float(value))
-    reports = WorkerReport.from_slots(np.frombuffer(rest, dtype="f4")) if slots else []
-    return Step(stats, loss, reports)
-
-
-def announce_key(t: int) -> str:
-    """Iteration t's announcement as one integer (:func:`encode_announcement`), read by a
-    replica in one round trip (``add(key, 0)``: 0 until announced)."""
-    return f"cgo/{t}"
-
-
-def encode_announcement(generation: int, limit: int, live: int, span: int = 0) -> int:
-    """One integer >= 1 for (generation, limit, live, span): the same announcement holds for the
-    ``span`` iterations after this one too (0 <= span < 256)."""
-    return 1 + limit + (live << 23) + (span << 24) + (generation << 32)
-
-
-def decode_announcement(code: int) -> tuple[int, int, int, int]:
-    """(generation, limit, live, span) of an :func:`encode_announcement` code."""
-    code -= 1
-    return code >> 32, code & ((1 << 23) - 1), (code >> 23) & 1, (code >> 24) & 255
-
-
-def record_key(steps: int) -> str:
-    """Exists when the lowest replica is to publish its state after ``steps`` iterations: the
-    coordinator checkpoints there (:meth:`Coordinator.before_announcing`)."""
-    return f"crecord/{steps}"
-
-
-def lag_key(worker: int) -> str:
-    """A replica's join lags (cut to all-reduce entry), milliseconds, comma-separated."""
-    return f"clag/{worker}"
-
-
-def digest_key(worker: int) -> str:
-    """A replica's parameter digest at the end of the run."""
-    return f"cdigest/{worker}"
-
-
-def device_key(worker: int) -> str:
-    """The device type a replica computes on (``cpu`` or ``cuda``), set before it is ready:
-    each machine resolves ``--device`` for its own workers, so the coordinator's host (under
-    torchrun, perhaps one without a GPU) does not guess it."""
-    return f"cdevice/{worker}"
 
 
 def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = None) -> str:
@@ -220,63 +77,12 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = No
     return "star" if params <= limit else "ring"
 
 
-STAR_TAG = 11  # the star sum's messages
-
-
-def star_sum(group, rank: int, size: int, buf: torch.Tensor, inbox: list[torch.Tensor]):
-    """Sum ``buf`` over a gloo group by star: rank 0 receives every other rank's buffer (into
-    ``inbox``, one per other rank), adds them to its own in rank order and sends the sum back,
-    so every rank ends with the same bytes. Starts rank 0's receives and returns what
-    completes the sum."""
-    if size == 1:
-        return lambda: None
-    if rank != 0:
-
-        def leaf() -> None:
-            group.send([buf], 0, STAR_TAG).wait()
-            group.recv([buf], 0, STAR_TAG).wait()
-
-        return leaf
-    received = [group.recv([b], r, STAR_TAG) for r, b in enumerate(inbox, 1)]
-
-    def root() -> None:
-        for work in received:
-            work.wait()
-        for b in inbox:
-            buf.add_(b)
-        for work in [group.send([buf], r, STAR_TAG) for r in range(1, size)]:
-            work.wait()
-
-    return root
-
-
-NCCL_VETO_KEY = "cnonccl"  # counter: replicas that cannot use NCCL (CPU, or a shared GPU)
-
-
-def vote_backend(store, mine: str) -> None:
-    """A replica's say in the backend, before it reports ready: NCCL only if every replica can
-    use it (each machine decides for its own workers, and machines may differ under torchrun:
-    mixed backends would hang the group's rendezvous)."""
-    store.add(NCCL_VETO_KEY, int(mine != "nccl"))
-
-
-def agreed_backend(store, mine: str) -> str:
-    """The backend every replica builds its groups with, once all have voted (the coordinator
-    announces the first generation only after every replica reported ready)."""
-    return "nccl" if mine == "nccl" and store.add(NCCL_VETO_KEY, 0) == 0 else "gloo"
-
-
 def publish_settings(store, cfg, torchrun: bool, workload, checkpointed: bool) -> None:
     """What every replica reads before it starts: how to sum, and whether to publish its state
     for checkpoints (only a run directory takes them; else they would pile up in the store)."""
     params = sum(p.numel() for p in workload.model.parameters())
-    store.set(ALLREDUCE_KEY, allreduce_algorithm(cfg, torchrun, params))
-    store.set(STATES_KEY, "1" if checkpointed else "0")
-
-
-def load_replica_state(blob: bytes) -> dict:
-    """A replica state from its bytes: tensors and plain values only (never runs code)."""
-    return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    store.set(P.ALLREDUCE_KEY, allreduce_algorithm(cfg, torchrun, params))
+    store.set(P.STATES_KEY, "1" if checkpointed else "0")
 
 
 class Coordinator(SyncEngine):
@@ -295,9 +101,9 @@ class Coordinator(SyncEngine):
         self.devices: dict[int, str] = {}  # worker -> the device type it computes on
         self.finished = False
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
-        self.read_steps: dict[int, Step] = {}  # steps admit read (without their reports)
+        self.read_steps: dict[int, P.Step] = {}  # steps admit read (without their reports)
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
-        self.checkpointed = store.get(STATES_KEY) == b"1"  # a run directory takes states
+        self.checkpointed = store.get(P.STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
         self.limit = 0  # the limit last announced
         self.block_starts: set[int] = set()  # iterations whose announcement keys were written
@@ -324,9 +130,9 @@ class Coordinator(SyncEngine):
         k = self.noise_next
         while k < t:
             step = self.read_steps.pop(k, None)
-            if step is None and self.reads_arrivals and self.store.check([step_key(k)]):
-                step = decode_step(self.store.get(step_key(k)), slots=False)
-                self.store.delete_key(step_key(k))  # (online: a fixed c's goes to the janitor)
+            if step is None and self.reads_arrivals and self.store.check([P.step_key(k)]):
+                step = P.decode_step(self.store.get(P.step_key(k)), slots=False)
+                self.store.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
             if step is None and k == t - 1:
                 break
             if step is not None and step.stats is not None:  # (None: it applied nothing)
@@ -355,7 +161,7 @@ class Coordinator(SyncEngine):
             if (k + 1) % self.cfg.record_batch == 0 and self.record_clock():
                 self.records.add(k)
                 if self.checkpointed:
-                    self.store.set(record_key(k + 1), "1")
+                    self.store.set(P.record_key(k + 1), "1")
 
     def record_due(self, t: int) -> bool:
         """As decided when t was announced."""
@@ -380,8 +186,8 @@ class Coordinator(SyncEngine):
         one-round-trip read (set, not added: a regrouping announces again over an older one),
         then as text, which a replica that came early waits for (it then reads the integer)."""
         live = int(self.reads_arrivals)
-        code = encode_announcement(self.generation, self.limit, live, last - first)
-        self.store.set(announce_key(first), str(code))
+        code = P.encode_announcement(self.generation, self.limit, live, last - first)
+        self.store.set(P.announce_key(first), str(code))
         self.store.set(P.go_key(first), f"{self.generation},{self.limit},{live}")
         self.block_starts.add(first)
         if self.limit < len(self.members):  # the replicas take tickets, and cut
@@ -421,7 +227,7 @@ class Coordinator(SyncEngine):
         self.admitting = None
         if blob is None:
             return []
-        step = decode_step(blob)
+        step = P.decode_step(blob)
         self.read_steps[t] = step._replace(reports=[])
         slots = step.reports
         slots.sort(key=lambda s: (s[0], s[1].start_s + s[1].runtime_s))
@@ -432,16 +238,16 @@ class Coordinator(SyncEngine):
 
     def wait_step(self, t: int) -> bytes | None:
         """The step the lowest replica published after iteration t's all-reduce, read with the
-        rest of its batch (one wait and one get per batch of up to ``STEP_BATCH``, two gets
+        rest of its batch (one wait and one get per batch of up to ``P.STEP_BATCH``, two gets
         when the wait starts inside one); None when the iteration failed (a death, a failed
         all-reduce) or nothing came by the deadline (then the members that did not report a
         failure are declared hung). A batch may wait for all its iterations: the deadline is
         one ``--timeout`` for each iteration it may hold."""
         if t in self.batched:
             return self.batched.pop(t)
-        held = min(STEP_BATCH, max(self.announced - t + 1, 1))
+        held = min(P.STEP_BATCH, max(self.announced - t + 1, 1))
         deadline = time.monotonic() + self.cfg.timeout_s * held
-        key = step_key(t)
+        key = P.step_key(t)
         while True:
             if P.wait_key(self.store, key, 0.05):
                 self.batched = self.read_batch(key)
@@ -463,14 +269,14 @@ class Coordinator(SyncEngine):
         published the steps it held before it joined. The iteration ends without an update."""
         if t >= self.resume_at:
             return False
-        joined = self.store.add(joined_key(self.generation), 0)
-        return joined >= len(self.members) and not self.store.check([step_key(t)])
+        joined = self.store.add(P.joined_key(self.generation), 0)
+        return joined >= len(self.members) and not self.store.check([P.step_key(t)])
 
     def read_batch(self, key: str) -> dict[int, bytes]:
         """The batch of steps ``key`` holds or points to (:func:`batch_values`)."""
         value = self.store.get(key)
-        first = batch_pointer(value)
-        return decode_batch(value if first is None else self.store.get(step_key(first)))
+        first = P.batch_pointer(value)
+        return P.decode_batch(value if first is None else self.store.get(P.step_key(first)))
 
     def new_generation(self, resume: int) -> None:
         members = (np.flatnonzero(self.live) + 1).tolist()
@@ -479,7 +285,7 @@ class Coordinator(SyncEngine):
         self.generation += 1
         self.members = members
         self.batched = {}  # (a new generation may run them again: read what it publishes)
-        self.store.set(generation_key(self.generation), f"{P.encode_members(members)};{resume}")
+        self.store.set(P.generation_key(self.generation), f"{P.encode_members(members)};{resume}")
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
         """The replicas apply the update themselves; the coordinator only times the cycle
@@ -502,24 +308,26 @@ class Coordinator(SyncEngine):
         # (a state published for a record the coordinator did not take: a stop rule, an
         # iteration ended without an update after the replicas applied it)
         recorded = (
-            [record_key(t + 1), replica_key(t + 1)] if (t + 1) % self.cfg.record_batch == 0 else []
+            [P.record_key(t + 1), P.replica_key(t + 1)]
+            if (t + 1) % self.cfg.record_batch == 0
+            else []
         )
         started, cut = t in self.block_starts, t in self.cuttable
         self.block_starts.discard(t)
         self.cuttable.discard(t)
-        announced = [announce_key(t)] if started else []
+        announced = [P.announce_key(t)] if started else []
         if self.reads_arrivals:  # (announced one by one, tickets read live; read_noise deletes
             return [*super().iteration_keys(t), *announced, *recorded]  # the step)
         # a fixed c: only the keys its iteration made (a delete is a round trip, made or not)
         made = [P.go_key(t)] if started else []
         made += [P.ticket_key(t), P.cut_key(t)] if cut else []
-        return [*made, *announced, step_key(t), *recorded]
+        return [*made, *announced, P.step_key(t), *recorded]
 
     # -- failures -----------------------------------------------------------------------------
     def poll(self) -> None:
         """While waiting for a ticket: deaths, and replicas whose all-reduce failed."""
         self.reap()
-        if not self.aborted and self.store.check([fail_key(self.generation)]):
+        if not self.aborted and self.store.check([P.fail_key(self.generation)]):
             self.handle_failure()
 
     @interrupts_deferred()
@@ -541,9 +349,9 @@ class Coordinator(SyncEngine):
             self.on_dead([])
 
     def failed_members(self) -> set[int]:
-        if not self.store.check([fail_key(self.generation)]):
+        if not self.store.check([P.fail_key(self.generation)]):
             return set()
-        blob = self.store.get(fail_key(self.generation)).decode()
+        blob = self.store.get(P.fail_key(self.generation)).decode()
         return {int(w) for w in blob.split(",") if w}
 
     @interrupts_deferred()
@@ -585,8 +393,8 @@ class Coordinator(SyncEngine):
         self.read_noise(self.next_iteration)
         deadline = time.monotonic() + wait_s
         for t, index in list(self.pending_evals.items()):
-            if P.wait_key(self.store, eval_key(t), max(deadline - time.monotonic(), 0.0)):
-                self.log.rows["eval_loss"][index] = float(self.store.get(eval_key(t)).decode())
+            if P.wait_key(self.store, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
+                self.log.rows["eval_loss"][index] = float(self.store.get(P.eval_key(t)).decode())
             del self.pending_evals[t]
 
     def state(self, next_iteration: int) -> dict:
@@ -603,9 +411,9 @@ class Coordinator(SyncEngine):
         whatever it published last."""
         if self.finished or (self.replica is not None and self.replica[0] == steps):
             return
-        if P.wait_key(self.store, replica_key(steps), self.cfg.timeout_s):
-            self.replica = (steps, self.store.get(replica_key(steps)))
-            self.store.delete_key(replica_key(steps))  # the store keeps no pile of states
+        if P.wait_key(self.store, P.replica_key(steps), self.cfg.timeout_s):
+            self.replica = (steps, self.store.get(P.replica_key(steps)))
+            self.store.delete_key(P.replica_key(steps))  # the store keeps no pile of states
 
     def parameter_state(self) -> dict:
         if self.replica is None:
@@ -616,8 +424,8 @@ class Coordinator(SyncEngine):
         if "replica" not in state:
             raise WorkerError("the checkpoint holds no replica state: the run cannot resume")
         blob = state["replica"].numpy().tobytes()
-        self.store.set(replica_key("init"), blob)
-        replica = load_replica_state(blob)
+        self.store.set(P.replica_key("init"), blob)
+        replica = P.decode_replica_state(blob)
         if "noise" in replica:
             self.noise.load_state_dict(replica["noise"])
         self.noise_next = int(state["next_iteration"])
@@ -641,15 +449,15 @@ class Coordinator(SyncEngine):
             return max(deadline - time.monotonic(), 0.01)
 
         # (no generation was announced: stopped during start-up, no replica holds a state)
-        if self.generation >= 0 and self.wait_published(replica_key("final"), left):
-            blob = self.store.get(replica_key("final"))
-            self.replica = (int(load_replica_state(blob)["steps"]), blob)
+        if self.generation >= 0 and self.wait_published(P.replica_key("final"), left):
+            blob = self.store.get(P.replica_key("final"))
+            self.replica = (int(P.decode_replica_state(blob)["steps"]), blob)
         self.collect_evals(min(1.0, left()))
         for w in map(int, np.flatnonzero(self.live)):
-            if self.wait_published(digest_key(w), left):
-                self.digests[w] = self.store.get(digest_key(w)).decode()
-            if self.store.check([lag_key(w)]):
-                blob = self.store.get(lag_key(w)).decode()
+            if self.wait_published(P.digest_key(w), left):
+                self.digests[w] = self.store.get(P.digest_key(w)).decode()
+            if self.store.check([P.lag_key(w)]):
+                blob = self.store.get(P.lag_key(w)).decode()
                 self.lags_ms += [float(v) for v in blob.split(",") if v]
 
     def wait_published(self, key: str, left) -> bool:
@@ -661,8 +469,8 @@ class Coordinator(SyncEngine):
         return True
 
     def final_loss(self) -> float | None:
-        if self.store.check([eval_key("final")]):
-            return float(self.store.get(eval_key("final")).decode())
+        if self.store.check([P.eval_key("final")]):
+            return float(self.store.get(P.eval_key("final")).decode())
         return None
 
     def trace_device(self, worker: int) -> str:
@@ -672,8 +480,8 @@ class Coordinator(SyncEngine):
         """The device ``worker`` reported (set before it counts as ready; read without waiting:
         on a resumed run a worker dead at the checkpoint may count instead of a slow live one,
         which reports by the time it computes). ``--device`` where it has not reported."""
-        if worker not in self.devices and self.store.check([device_key(worker)]):
-            self.devices[worker] = self.store.get(device_key(worker)).decode()
+        if worker not in self.devices and self.store.check([P.device_key(worker)]):
+            self.devices[worker] = self.store.get(P.device_key(worker)).decode()
         return self.devices.get(worker, self.cfg.device if self.cfg.device != "auto" else "cpu")
 
     def extras(self) -> dict:

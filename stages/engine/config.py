@@ -43,6 +43,7 @@ class EngineConfig:
     eval_every: int = 10
     min_workers: int = 1
     timeout_s: float = 60.0
+    start_timeout_s: float = 300.0  # how long the workers may take to start (import torch, ...)
     host: str = "127.0.0.1"
     hosts: tuple[str, ...] = ()  # trace host of each worker (emulated hosts, or the machine)
     overhead_s: float | None = None  # None: measure it and feed it to the policy
@@ -62,6 +63,9 @@ class EngineConfig:
                               "parameter server sums what it receives)")  # fmt: skip
         if self.allreduce == "star" and self.device == "cuda":
             raise ConfigError("--allreduce star sums CPU tensors over gloo: not with --device cuda")
+        if not (math.isfinite(self.start_timeout_s) and self.start_timeout_s > 0):
+            raise ConfigError(f"--start-timeout must be a finite number of seconds > 0, "
+                              f"got {self.start_timeout_s}")  # fmt: skip
         if self.lr_scaling not in LR_SCALINGS:
             raise ConfigError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}")
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import async_protocol as A
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine import spawned
 from bdsgd.stages.engine.async_server import AsyncServer
@@ -94,9 +93,9 @@ def run_engine(
     workload = load_workload(cfg.workload, seed=cfg.seed)
     if kind == "collective":
         publish_settings(store, cfg, tr is not None, workload, checkpointed=run_dir is not None)
-    store.set(A.MODE_KEY, kind)
-    store.set("start_iteration", str(start))
-    store.set("t0", repr(time.time()))
+    store.set(P.VARIANT_KEY, kind)
+    store.set(P.START_KEY, str(start))
+    store.set(P.T0_KEY, repr(time.time()))
     writer = TraceWriter(TraceStore(traces), batch_rows=MAX_PENDING_ROWS)
     engine = engine_class(cfg, store, workload, policy, writer, alive=lambda w: True)
     if resume:
@@ -196,9 +195,10 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
     # SIGINT, so the command's relay of SIGTERM to SIGINT would hold it for those 30 s
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        kind = P.open_store(tr.addr, tr.port, False, cfg.timeout_s).get(A.MODE_KEY).decode()
+        wait_s = cfg.start_timeout_s + cfg.timeout_s  # (the engine rank may start last)
+        kind = P.open_store(tr.addr, tr.port, False, wait_s).get(P.VARIANT_KEY).decode()
     except dist.DistError:
-        raise WorkerError(f"no word from the engine within {cfg.timeout_s:g} s") from None
+        raise WorkerError(f"no word from the engine within {wait_s:g} s") from None
     local_rank = int(os.environ.get("LOCAL_RANK", tr.rank - 1))
     spec = WorkerSpec(tr.rank, tr.addr, tr.port, default_bind_host(), cfg, local_rank)
     VARIANTS[kind][1](spec)

@@ -13,8 +13,8 @@ import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import ServerModel
 from bdsgd.stages.engine.config import scaled_lr
-from bdsgd.stages.engine.report import WorkerReport
 from bdsgd.stages.engine.sync import SyncEngine
+from bdsgd.stages.engine.worker_report import WorkerReport
 from torch.nn.utils import parameters_to_vector
 
 

@@ -23,24 +23,21 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import io
 import os
 import time
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import collective as C
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import scaled_lr
-from bdsgd.stages.engine.report import SLOT, WorkerReport
 from bdsgd.stages.engine.worker import (
     WorkerProcess,
     WorkerSpec,
     check_member,
-    wait_announcement,
     worker_entry,
     workload_code,
 )
+from bdsgd.stages.engine.worker_report import SLOT, WorkerReport
 from bdsgd.stages.goodput import NoiseScale
 from bdsgd.stages.workloads import backend_for, resolve_device
 
@@ -52,8 +49,8 @@ class Replica(WorkerProcess):
         device = resolve_device(spec.cfg.device, spec.cfg.workers, spec.local_rank)
         super().__init__(spec, device)
         self.backend = backend_for(device, spec.cfg.workers)
-        C.vote_backend(self.store, self.backend)
-        self.store.set(C.device_key(self.w), device.type)
+        P.vote_backend(self.store, self.backend)
+        self.store.set(P.device_key(self.w), device.type)
         size = sum(p.numel() for p in self.model.parameters())
         kw = dict(device=device)
         self.flat = torch.zeros(size, **kw)  # the parameters (the model's params are views)
@@ -77,8 +74,8 @@ class Replica(WorkerProcess):
         self.lags_ms: list[float] = []
         self.eval_part: tuple[int, float] | None = None  # (iteration, this slice's loss part)
         self.evaluated: tuple[int, float] | None = None  # the last all-reduce's held-out loss
-        self.star = self.store.get(C.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
-        self.checkpointed = self.store.get(C.STATES_KEY) == b"1"  # a run directory takes states
+        self.star = self.store.get(P.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
+        self.checkpointed = self.store.get(P.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
         # a fixed c's steps not yet published (every member keeps them: if the lowest dies
         # before it publishes them, a survivor does), and the last batch the lowest published,
@@ -90,10 +87,10 @@ class Replica(WorkerProcess):
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        t = int(self.store.get("start_iteration").decode())
+        t = int(self.store.get(P.START_KEY).decode())
         if t > 0:
-            self.load(C.load_replica_state(self.store.get(C.replica_key("init"))))
-        self.store.add(P.READY, 1)
+            self.load(P.decode_replica_state(self.store.get(P.replica_key("init"))))
+        self.mark_ready()
         ahead = None  # iteration t's gradient, computed before its announcement was read
         while t < self.spec.cfg.iterations:
             announced = self.announcement(t)
@@ -113,12 +110,12 @@ class Replica(WorkerProcess):
         coordinator announced already (the integer key), else a wait for the text key."""
         if t <= self.known_through:
             return self.known
-        code = self.store.add(C.announce_key(t), 0)
+        code = self.store.add(P.announce_key(t), 0)
         if not code:  # not announced yet: wait for the text, written after the integer
-            if wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w) == P.STOP:
+            if self.wait_announcement(t) == P.STOP:
                 return None
-            code = self.store.add(C.announce_key(t), 0)
-        generation, limit, live, span = C.decode_announcement(code)
+            code = self.store.add(P.announce_key(t), 0)
+        generation, limit, live, span = P.decode_announcement(code)
         self.known, self.known_through = (generation, limit, live), t + span
         return self.known
 
@@ -202,9 +199,9 @@ class Replica(WorkerProcess):
         return self.group.allreduce([self.comm]).wait
 
     def star_sum(self):
-        """The star (:func:`bdsgd.stages.engine.collective.star_sum`), the lowest member at its root."""
+        """The star (:func:`bdsgd.stages.engine.protocol.star_sum`), the lowest member at its root."""
         rank = self.members.index(self.spec.worker_id)
-        return C.star_sum(self.group, rank, len(self.members), self.comm, self.inbox)
+        return P.star_sum(self.group, rank, len(self.members), self.comm, self.inbox)
 
     def step(self) -> None:
         """SGD with momentum on the mean of the admitted gradients, the learning rate scaled to
@@ -238,7 +235,7 @@ class Replica(WorkerProcess):
         state of the member that applied the most steps); returns the iteration it resumes at.
         A replica the generation leaves out stops."""
         self.publish_steps(every=True)  # (the last generation's, if the lowest could not)
-        blob = self.store.get(C.generation_key(generation)).decode()
+        blob = self.store.get(P.generation_key(generation)).decode()
         members, resume = blob.split(";")
         self.members = P.decode_members(members.encode())
         check_member(self.spec, self.members)
@@ -252,29 +249,25 @@ class Replica(WorkerProcess):
         if self.generation >= 0:
             self.sync_state()
         self.generation = generation
-        self.store.add(C.joined_key(generation), 1)  # (after its steps: the coordinator knows
+        self.store.add(P.joined_key(generation), 1)  # (after its steps: the coordinator knows
         return int(resume)  # that those it has not got by then never ran)
 
     def build_group(self, generation: int):
-        cfg = self.spec.cfg
         # the replicas give up on a collective before the coordinator gives up on a ticket, so
         # their failure reports tell it which member hangs
-        timeout = datetime.timedelta(seconds=cfg.timeout_s / 2)
+        timeout_s = self.spec.cfg.timeout_s / 2
         rank, size = self.members.index(self.spec.worker_id), len(self.members)
-        prefixed = dist.PrefixStore(f"cpg/{generation}/", self.store)
-        if C.agreed_backend(self.store, self.backend) == "nccl":
-            # wait() blocks and raises at the timeout (which recover() handles) instead of the
-            # watchdog tearing the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING's default): a
-            # dead member then costs the survivors a regrouping, not their lives. Read when the
-            # group is made.
-            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.spec.bind_host)]
-        return dist.ProcessGroupGloo(prefixed, rank, size, opts)
+        prefix = P.collective_prefix(generation)
+        if P.agreed_backend(self.store, self.backend) != "nccl":
+            return P.gloo_group(self.store, prefix, rank, size, self.spec.bind_host, timeout_s)
+        # wait() blocks and raises at the timeout (which recover() handles) instead of the
+        # watchdog tearing the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING's default): a dead
+        # member then costs the survivors a regrouping, not their lives. Read when the group is
+        # made.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = datetime.timedelta(seconds=timeout_s)
+        return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, self.store), rank, size, opts)
 
     def sync_state(self) -> None:
         """Everyone takes the parameters, momentum and step count of the member that applied
@@ -295,10 +288,10 @@ class Replica(WorkerProcess):
         publishes: the lowest may be the one that died) and join the coordinator's next
         generation."""
         self.publish_steps(every=True)
-        self.store.append(C.fail_key(self.generation), f"{self.w},")
+        self.store.append(P.fail_key(self.generation), f"{self.w},")
         P.shutdown(self.group)
         self.group = None
-        key = C.generation_key(self.generation + 1)
+        key = P.generation_key(self.generation + 1)
         if not P.wait_key(self.store, key, 2 * self.spec.cfg.timeout_s):
             raise TimeoutError(f"worker {self.w}: no new group after a failed all-reduce")
         return self.join(self.generation + 1)
@@ -324,26 +317,26 @@ class Replica(WorkerProcess):
         cfg = self.spec.cfg
         if self.live_arrivals:  # (the coordinator reads the arrivals live, and steps one by one)
             if self.lowest:
-                self.store.set(C.step_key(t), C.encode_step(*self.step_parts()))
+                self.store.set(P.step_key(t), P.encode_step(*self.step_parts()))
         else:
             self.unpublished.append((t, self.step_parts()))
-            if len(self.unpublished) >= C.STEP_BATCH or t >= self.known_through:
+            if len(self.unpublished) >= P.STEP_BATCH or t >= self.known_through:
                 self.publish_steps()  # (a batch ends at the block's end: the next waits for it)
         if not self.lowest:
             return
         boundary = (t + 1) % cfg.record_batch == 0
-        if self.checkpointed and boundary and self.store.check([C.record_key(t + 1)]):
-            self.store.set(C.replica_key(t + 1), self.state_bytes())
+        if self.checkpointed and boundary and self.store.check([P.record_key(t + 1)]):
+            self.store.set(P.replica_key(t + 1), self.state_bytes())
 
     def step_parts(self) -> tuple:
         """The last all-reduce as it is published: the arguments of
-        :func:`bdsgd.stages.engine.collective.encode_step` (the reduced slots copied out of the
+        :func:`bdsgd.stages.engine.protocol.encode_step` (the reduced slots copied out of the
         buffer the next all-reduce reuses)."""
         return self.noise_stats, self.comm_slots.cpu().numpy().tobytes(), self.evaluated
 
     def publish_steps(self, every: bool = False) -> None:
         """The steps of a fixed c not yet published, in one round trip, each under its own key
-        (:func:`bdsgd.stages.engine.collective.batch_values`), by the lowest replica: before it waits
+        (:func:`bdsgd.stages.engine.protocol.batch_values`), by the lowest replica: before it waits
         for anything the coordinator does after reading them (its next block, a new generation)
         and at the end. With ``every``, by any member, with the last batch too (after a failed
         all-reduce, and before it joins a new generation: the lowest may have died before it
@@ -359,25 +352,25 @@ class Replica(WorkerProcess):
 
     @staticmethod
     def batch_keys(steps: list[tuple[int, tuple]]) -> tuple[list[str], list[bytes]]:
-        encoded = [(t, C.encode_step(*parts)) for t, parts in steps]
-        return [C.step_key(t) for t, _ in steps], C.batch_values(encoded)
+        encoded = [(t, P.encode_step(*parts)) for t, parts in steps]
+        return [P.step_key(t) for t, _ in steps], P.batch_values(encoded)
 
     def evaluate_due(self) -> None:
         """At the end: the held-out loss due after the last iteration, which no all-reduce
         followed to sum it (the lowest replica evaluates the whole batch)."""
         if self.eval_part is not None:
-            self.store.set(C.eval_key(self.eval_part[0]), repr(self.evaluate()))
+            self.store.set(P.eval_key(self.eval_part[0]), repr(self.evaluate()))
             self.eval_part = None
 
     def finish(self) -> None:
         self.publish_steps(every=True)
-        self.store.set(C.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
+        self.store.set(P.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
-        self.store.set(C.digest_key(self.w), digest)
+        self.store.set(P.digest_key(self.w), digest)
         if self.members and self.lowest:
             self.evaluate_due()
-            self.store.set(C.eval_key("final"), repr(self.evaluate()))
-            self.store.set(C.replica_key("final"), self.state_bytes())
+            self.store.set(P.eval_key("final"), repr(self.evaluate()))
+            self.store.set(P.replica_key("final"), self.state_bytes())
         if self.group is not None:  # (the run's last all-reduce has ended on every member)
             P.shutdown(self.group, graceful=True)
             self.group = None
@@ -402,10 +395,8 @@ class Replica(WorkerProcess):
             return float(self.workload.loss(self.model(x), y)) * weight
 
     def state_bytes(self) -> bytes:
-        buf = io.BytesIO()
         state = {"params": self.flat.cpu(), "momentum": self.momentum.cpu(), "steps": self.steps}
-        torch.save({**state, "noise": self.noise.state_dict()}, buf)
-        return buf.getvalue()
+        return P.encode_replica_state({**state, "noise": self.noise.state_dict()})
 
     def load(self, state: dict) -> None:
         self.flat.copy_(state["params"].to(self.device))

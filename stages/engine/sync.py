@@ -19,7 +19,7 @@ import time
 import numpy as np
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import Engine, interrupt_held, interrupts_deferred
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.goodput import NoiseScale
 from bdsgd.stages.policies.driver import IterationDriver, Outcome
 from bdsgd.stages.stragglers import parse_stragglers

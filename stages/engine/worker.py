@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import EngineConfig
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
+from bdsgd.stages.errors import BdsgdError
 from bdsgd.stages.stragglers import parse_stragglers
 from bdsgd.stages.workloads import Workload, error_line, load_workload
 
@@ -69,7 +70,20 @@ class WorkerProcess:
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
         self.delays = model.column(cfg.iterations, cfg.workers, self.w)
         self.store = P.open_store(spec.store_host, spec.store_port, False, cfg.timeout_s)
-        self.t0_epoch = float(self.store.get("t0").decode())  # the engine's clock origin
+        self.t0_epoch = float(self.store.get(P.T0_KEY).decode())  # the engine's clock origin
+        self.starting = True  # until the first announcement: the engine waits for every worker
+
+    def wait_announcement(self, t: int) -> str:
+        """:func:`wait_announcement` of iteration t; the first also waits out the other
+        workers' start-up (``--start-timeout``), which the engine waits for before it announces."""
+        start_s = self.spec.cfg.start_timeout_s if self.starting else 0.0
+        announced = wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w, start_s)
+        self.starting = False
+        return announced
+
+    def mark_ready(self) -> None:
+        """Tell the engine this worker has started (it counts no iteration time before)."""
+        self.store.set(P.ready_key(self.w), "1")
 
     def delay(self, j: int) -> float:
         return float(self.delays[j % len(self.delays)])
@@ -169,10 +183,10 @@ class PsWorker(WorkerProcess):
         P.bind_flat(self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad)
 
     def run(self) -> None:
-        t = int(self.store.get("start_iteration").decode())
-        self.store.add(P.READY, 1)
+        t = int(self.store.get(P.START_KEY).decode())
+        self.mark_ready()
         while t < self.spec.cfg.iterations:
-            announced = wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w)
+            announced = self.wait_announcement(t)
             if announced == P.STOP:
                 return
             self.join_generation(int(announced))
@@ -229,12 +243,16 @@ class Excluded(Exception):
     without it: it ends quietly."""
 
 
-def wait_announcement(store: dist.Store, t: int, timeout_s: float, w: int) -> str:
+def wait_announcement(
+    store: dist.Store, t: int, timeout_s: float, w: int, start_s: float = 0.0
+) -> str:
     """Block until the engine announces iteration t. The wait outlasts the engine's own
-    (twice ``timeout_s``): the engine gives up on a worker, and regroups the others, before a
-    healthy worker gives up on the engine; the engine's death ends the wait."""
-    if not P.wait_key(store, P.go_key(t), 2 * timeout_s):
-        raise TimeoutError(f"worker {w}: no word from the engine for {2 * timeout_s:g}s")
+    (twice ``timeout_s``, plus ``start_s`` while the engine waits for the workers to start):
+    the engine gives up on a worker, and regroups the others, before a healthy worker gives up
+    on the engine; the engine's death ends the wait."""
+    wait_s = 2 * timeout_s + start_s
+    if not P.wait_key(store, P.go_key(t), wait_s):
+        raise TimeoutError(f"worker {w}: no word from the engine for {wait_s:g}s")
     return store.get(P.go_key(t)).decode()
 
 
@@ -258,7 +276,7 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
         body(spec)
     except Excluded:
         return
-    except WorkloadError as exc:
+    except (WorkloadError, BdsgdError) as exc:  # (BdsgdError: the workload failed to load)
         line = f"bdsgd worker {spec.worker_id - 1}: {exc}\n".encode()
         os.write(sys.stderr.fileno(), line)  # one write: the workers' lines do not interleave
         raise SystemExit(1) from None

@@ -21,19 +21,11 @@ from bdsgd.stages.engine.collective import (
     STAR_CROWDED_MAX_PARAMS,
     STAR_MAX_PARAMS,
     allreduce_algorithm,
-    batch_pointer,
-    batch_values,
-    decode_announcement,
-    decode_batch,
-    decode_step,
-    encode_announcement,
-    encode_step,
-    load_replica_state,
 )
 from bdsgd.stages.engine.config import EngineConfig, scaled_lr
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.engine.replica import Replica
-from bdsgd.stages.engine.report import SLOT
+from bdsgd.stages.engine.worker_report import SLOT
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.workloads import load_workload
@@ -60,7 +52,7 @@ def collective_config(**overrides) -> EngineConfig:
 
 def replica_params(run_dir) -> tuple[torch.Tensor, int]:
     state = torch.load(run_dir / STATE_FILE, weights_only=True)
-    replica = load_replica_state(state["replica"].numpy().tobytes())
+    replica = P.decode_replica_state(state["replica"].numpy().tobytes())
     return replica["params"], replica["steps"]
 
 
@@ -306,30 +298,32 @@ def test_both_engines_estimate_the_noise_scale_and_push_it_to_the_policy(tmp_pat
 def test_an_announcement_is_one_integer(live):
     cases = [(0, 0, 0), (0, 1, 8), (3, 1000, 255), (1 << 20, (1 << 23) - 1, 7)]
     for generation, limit, span in cases:
-        code = encode_announcement(generation, limit, live, span)
+        code = P.encode_announcement(generation, limit, live, span)
         assert code >= 1  # 0 means "not announced yet"
-        assert decode_announcement(code) == (generation, limit, live, span)
+        assert P.decode_announcement(code) == (generation, limit, live, span)
 
 
 def test_a_batch_of_steps_is_found_from_any_of_its_keys():
     """The first key holds the batch, each later one points to it: read from any of them, the
     batch holds every step as published, and a batch of k moves k steps once."""
-    steps = [(t, encode_step((2, 1.5, 0.25, 64), bytes([t]) * 8, (t - 1, 2.5))) for t in (7, 8, 9)]
-    values = batch_values(steps)
-    assert batch_pointer(values[0]) is None
-    assert [batch_pointer(v) for v in values[1:]] == [7, 7]
-    assert decode_batch(values[0]) == dict(steps)
+    steps = [
+        (t, P.encode_step((2, 1.5, 0.25, 64), bytes([t]) * 8, (t - 1, 2.5))) for t in (7, 8, 9)
+    ]
+    values = P.batch_values(steps)
+    assert P.batch_pointer(values[0]) is None
+    assert [P.batch_pointer(v) for v in values[1:]] == [7, 7]
+    assert P.decode_batch(values[0]) == dict(steps)
     assert len(values[0]) < sum(len(step) for _, step in steps) + 64
-    single = batch_values(steps[:1])
-    assert len(single) == 1 and decode_batch(single[0]) == dict(steps[:1])
+    single = P.batch_values(steps[:1])
+    assert len(single) == 1 and P.decode_batch(single[0]) == dict(steps[:1])
 
 
 def test_a_step_carries_the_held_out_loss_the_all_reduce_summed():
     slots = np.zeros(2 * SLOT, dtype="f4").tobytes()
-    step = decode_step(encode_step((3, 1.0, 0.5, 96), slots, (41, 2.25)))
+    step = P.decode_step(P.encode_step((3, 1.0, 0.5, 96), slots, (41, 2.25)))
     assert step.stats == (3, 1.0, 0.5, 96) and step.evaluated == (41, 2.25)
     assert step.reports == []  # (empty slots: nobody's report)
-    bare = decode_step(encode_step((), slots))
+    bare = P.decode_step(P.encode_step((), slots))
     assert bare.stats is None and bare.evaluated is None
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine.collective import agreed_backend, vote_backend
 from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.engine.protocol import agreed_backend, vote_backend
 from bdsgd.stages.engine.worker import use_device
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.workloads import backend_for, load_workload, resolve_device

@@ -7,8 +7,6 @@ import time
 
 import pytest
 import torch.distributed as dist
-from bdsgd.stages.engine import async_protocol as A
-from bdsgd.stages.engine import collective as C
 from bdsgd.stages.engine import janitor as J
 from bdsgd.stages.engine import launch
 from bdsgd.stages.engine import protocol as P
@@ -118,7 +116,9 @@ def test_an_asynchronous_run_deletes_the_arrival_keys_of_long_past_updates(
 
     def on_iteration(t: int, row: dict) -> None:
         if t == cfg.iterations - 1:
-            seen["left"] = wait_gone(captured_store[0], [A.arrival_key(k) for k in range(1, 21)])
+            seen["left"] = wait_gone(
+                captured_store[0], [P.async_arrival_key(k) for k in range(1, 21)]
+            )
 
     result = run_engine(cfg, KAsync(2), tmp_path / "traces", on_iteration)
     assert result.log["iteration"] == list(range(cfg.iterations))
@@ -135,7 +135,7 @@ def test_a_collective_run_without_a_run_directory_leaves_no_replica_states(
 
     def on_iteration(t: int, row: dict) -> None:
         if t == cfg.iterations - 1:
-            keys = [C.replica_key(k) for k in range(3, cfg.iterations + 1, 3)]
+            keys = [P.replica_key(k) for k in range(3, cfg.iterations + 1, 3)]
             seen["states"] = [k for k in keys if captured_store[0].check([k])]
 
     result = run_engine(cfg, RecordingStatic(4), tmp_path / "traces", on_iteration)

@@ -13,8 +13,8 @@ import torch.distributed as dist
 from bdsgd.stages.engine import base
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import interrupts_deferred
-from bdsgd.stages.engine.report import WorkerReport
 from bdsgd.stages.engine.sync import SyncEngine
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.policies.cutoff import StaticCutoff
 
 from tests.stages.engine.test_engine import engine_config
