@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bdsgd.stages.engine.checkpoint import STATE_FILE, Checkpointer
+from bdsgd.stages.engine.resume import STATE_FILE, Checkpointer
 from bdsgd.stages.safe_load import save_atomic
 
 ROW = dict(  # one iteration-log row as the engine writes it (every column a collective run has)

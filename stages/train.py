@@ -1,10 +1,13 @@
-"""``bdsgd train``: SGD through a parameter server over torch.distributed, with a cutoff policy
-(synchronous: apply the first c gradients of an iteration) or an asynchronous one (``k-async:K``,
-``async``, ``adasync``: apply every K arrivals, stragglers keep computing and land late).
+"""``bdsgd train``: distributed SGD over torch.distributed with a cutoff policy (synchronous:
+apply the first c gradients of an iteration, inside an all-reduce among worker replicas by
+default, or through a parameter server with ``--engine ps``) or an asynchronous one
+(``k-async:K``, ``async``, ``adasync``, on the parameter server: apply every K arrivals,
+stragglers keep computing and land late).
 
-The engine (``bdsgd.stages.engine``) runs the iterations (updates, for the asynchronous policies); this
-stage builds the policy, keeps the run directory (config, server checkpoint, per-iteration
-metrics, summary), resumes a killed run and turns the iteration log into the SPEC's summary.
+The engine (``bdsgd.stages.engine``) runs the iterations (updates, for the asynchronous policies);
+this stage builds the policy, keeps the run directory (config, the engine's resume state,
+per-iteration metrics, summary), resumes a killed run and turns the iteration log into the
+SPEC's summary.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from bdsgd.schemas.run_dir import iterations_table, write_atomic, write_run_dir
 from bdsgd.stages.capacity import check_capacity
 from bdsgd.stages.console import console, progress
 from bdsgd.stages.engine.base import READABLE_STATE_VERSIONS, StopRun
-from bdsgd.stages.engine.checkpoint import STATE_FILE, remove_segments, with_whole_log
 from bdsgd.stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
 from bdsgd.stages.engine.launch import (
     EngineResult,
@@ -29,6 +31,13 @@ from bdsgd.stages.engine.launch import (
     run_engine,
     run_torchrun_worker,
     variant,
+)
+from bdsgd.stages.engine.resume import (
+    LEGACY_STATE_FILE,
+    STATE_FILE,
+    remove_segments,
+    state_path,
+    with_whole_log,
 )
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
 from bdsgd.stages.policies.base import Policy
@@ -199,7 +208,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     except (BdsgdError, KeyboardInterrupt):
         if undo_store:
             undo_store()  # (no empty trace store is left; first: it may share a new parent)
-        if undo and not (cfg.out / STATE_FILE).exists():
+        if undo and not state_path(cfg.out).exists():
             undo()  # rejected or interrupted before its first iteration: no run dir is left
         raise
 
@@ -230,7 +239,7 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
     return summary
 
 
-RUN_FILES = (STATE_FILE, "summary.json", "iterations.parquet")
+RUN_FILES = ("summary.json", "iterations.parquet", STATE_FILE, LEGACY_STATE_FILE)
 """What a previous run left in a run directory (``--force`` removes them and the iteration-log
 segments under ``log/``, nothing else)."""
 
@@ -246,14 +255,14 @@ def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
     except OSError as exc:  # (unreadable: what it holds cannot be checked)
         raise ConfigError(f"cannot read the run directory {out}: {exc.strerror or exc}") from None
     if not cfg.force and holds:
-        if (out / STATE_FILE).exists():
+        if state_path(out).exists():
             raise ConfigError(
                 f"--out {out} already holds a run: pass --resume {out}, another --out, or "
                 "--force to start over in it"
             )
         raise ConfigError(
             f"--out {out} is not empty and not a bdsgd run: pass another --out, or --force to "
-            f"write into it ({CONFIG_FILE}, {', '.join(RUN_FILES[1:])} are replaced)"
+            f"write into it ({CONFIG_FILE}, {', '.join(RUN_FILES[:2])} are replaced)"
         )
     created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
     try:
@@ -307,11 +316,11 @@ def computations_per_worker(updates: int, workers: int) -> int:
 
 
 def load_state(run_dir: Path) -> dict:
-    """The server checkpoint of a run directory (tensors and plain values only)."""
-    path = run_dir / STATE_FILE
+    """The engine's resume state in a run directory (tensors and plain values only)."""
+    path = state_path(run_dir)
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
-    state = load_plain(path, "server checkpoint")
+    state = load_plain(path, "engine checkpoint")
     if state.get("version") not in READABLE_STATE_VERSIONS:
         raise CheckpointError(
             f"{path}: not a bdsgd engine checkpoint of version "
@@ -325,7 +334,7 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
     """The checkpoint was written by the engine variant this run would use, for as many workers
     as the config says, enough of them alive, and iterations are left to run (a finished run is
     not run again: its summary stays)."""
-    path, kind = cfg.out / STATE_FILE, variant(engine, policy)
+    path, kind = state_path(cfg.out), variant(engine, policy)
     if cfg.run_id is not None and state.get("run_id") != cfg.run_id:
         raise CheckpointError(
             f"{path} belongs to run {state.get('run_id')}, not to {cfg.run_id}, which "

@@ -32,7 +32,7 @@ from bdsgd.stages.stop import STOP_REQUESTED
 from bdsgd.stages.store import TraceWriter
 from bdsgd.stages.workloads import Workload
 
-STATE_VERSION = 3  # 3: the iteration log's older rows in segments (checkpoint.py)
+STATE_VERSION = 3  # 3: the iteration log's older rows in segments (resume.py)
 READABLE_STATE_VERSIONS = (2, 3)  # 2 holds the whole log: it resumes as it is
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from bdsgd.stages.engine.collective import LOOKAHEAD
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.store import TraceStore
 
 from tests.cli.test_profile_cli import BDSGD, bdsgd
@@ -341,7 +342,7 @@ def interrupt_train(
     proc = start_train(tmp, iterations=iterations, policy=policy, stragglers=stragglers,
                        sigint_ignored=sigint_ignored)  # fmt: skip
     try:
-        wait_until(lambda: (tmp / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        wait_until(lambda: (tmp / "run" / STATE_FILE).exists(), 60, "a checkpoint")
         workers = [p for p in children_of(proc.pid) if running(p)]
         os.killpg(proc.pid, signum)
         _, stderr = proc.communicate(timeout=30)
@@ -359,7 +360,7 @@ def test_a_default_train_listens_on_loopback_alone(tmp_path):
     """The control store and every gloo socket of the server and its workers, while they run."""
     proc = start_train(tmp_path, iterations=400)
     try:
-        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        wait_until(lambda: (tmp_path / "run" / STATE_FILE).exists(), 60, "a checkpoint")
         pids = session_of(proc.pid)
         listening = listening_addresses(pids)
     finally:
@@ -400,14 +401,14 @@ def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped
     rows = TraceStore(tmp_path / "traces").read()
     expected = [(t, w) for t in range(n) for w in (0, 1)]
     assert sorted(zip(rows["iteration"], rows["worker"], strict=True)) == expected
-    state = torch.load(tmp_path / "run" / "server_state.pt", weights_only=True)
+    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
     assert state["next_iteration"] == n  # a resumed run continues right after the last row
 
 
 def test_resume_after_the_server_is_killed(tmp_path):
     proc = start_train(tmp_path, iterations=80)
     try:
-        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        wait_until(lambda: (tmp_path / "run" / STATE_FILE).exists(), 60, "a checkpoint")
         workers = [p for p in children_of(proc.pid) if running(p)]
         assert len(workers) >= 3
         proc.send_signal(signal.SIGKILL)
@@ -436,12 +437,12 @@ def test_resume_of_a_learning_policy_continues_warm(tmp_path):
     replay = write_replay_trace(tmp_path / "replay", [[0.01, 0.01, 0.5]])
     proc = start_train(tmp_path, iterations=60, policy="ewma", stragglers=f"replay:{replay}")
     try:
-        wait_until(lambda: (tmp_path / "run" / "server_state.pt").exists(), 60, "a checkpoint")
+        wait_until(lambda: (tmp_path / "run" / STATE_FILE).exists(), 60, "a checkpoint")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
         kill_session(proc)
-    state = torch.load(tmp_path / "run" / "server_state.pt", weights_only=True)
+    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
     written = TraceStore(tmp_path / "traces").read()["iteration"].max() + 1
     resumed_at = max(state["next_iteration"], written)
     done = bdsgd("train", "--resume", str(tmp_path / "run"), "--json")

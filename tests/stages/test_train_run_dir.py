@@ -7,6 +7,7 @@ import json
 
 import pytest
 from bdsgd.schemas.run_dir import check_output_dir
+from bdsgd.stages.engine.resume import LEGACY_STATE_FILE, STATE_FILE
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
 
@@ -46,13 +47,15 @@ def test_a_directory_of_other_files_is_refused_and_left_alone(tmp_path):
     assert (cfg.out / "summary.json").read_text() == "{}"
 
 
-def test_a_directory_holding_a_run_points_to_resume(tmp_path):
+@pytest.mark.parametrize("state", [STATE_FILE, LEGACY_STATE_FILE])
+def test_a_directory_holding_a_run_points_to_resume(tmp_path, state):
+    """A run directory's resume state, under its name or the earlier one."""
     cfg = config(tmp_path)
     cfg.out.mkdir()
-    (cfg.out / RUN_FILES[0]).write_bytes(b"state")
+    (cfg.out / state).write_bytes(b"state")
     with pytest.raises(ConfigError, match=f"already holds a run: pass --resume {cfg.out}"):
         prepare_run_dir(cfg)
-    assert (cfg.out / RUN_FILES[0]).read_bytes() == b"state"
+    assert (cfg.out / state).read_bytes() == b"state"
 
 
 def test_force_replaces_a_previous_runs_files_and_nothing_else(tmp_path):

@@ -12,9 +12,9 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from bdsgd.stages.engine.checkpoint import STATE_FILE
 from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.policies.asynchronous import KAsync
 from bdsgd.stages.store import TraceStore
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import StopRun
-from bdsgd.stages.engine.checkpoint import STATE_FILE
 from bdsgd.stages.engine.collective import (
     STAR_CROWDED_MAX_PARAMS,
     STAR_MAX_PARAMS,
@@ -25,6 +24,7 @@ from bdsgd.stages.engine.collective import (
 from bdsgd.stages.engine.config import EngineConfig, scaled_lr
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.engine.replica import Replica
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.engine.worker_report import SLOT
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.store import TraceStore

@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 import torch
 from bdsgd.stages.engine.base import ServerModel
-from bdsgd.stages.engine.checkpoint import STATE_FILE
 from bdsgd.stages.engine.config import EngineConfig, scaled_lr
 from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.policies.cutoff import StaticCutoff
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.workloads import load_workload

@@ -12,9 +12,9 @@ import signal
 import polars as pl
 import pytest
 import torch
-from bdsgd.stages.engine.checkpoint import STATE_FILE
 from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.workloads import load_workload

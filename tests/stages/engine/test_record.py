@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from bdsgd.stages.engine import launch
-from bdsgd.stages.engine.checkpoint import STATE_FILE
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.engine.protocol import replica_key
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.train import load_state
 

@@ -1,15 +1,18 @@
-"""A run directory's checkpoint for ``--resume``: the engine's state (:data:`STATE_FILE`, after
+"""A run directory's resume state for ``--resume``: the engine's state (:data:`STATE_FILE`, after
 every ``record_batch``-th iteration at most once per ``record_s`` seconds, and at the end) and
 the iteration log's older rows in segment files (``log/rows-<k>.pt``, ``SEGMENT_ROWS`` rows each,
 each written once).
 
-The checkpoint used to hold the whole log: at 10^4 iterations a checkpoint took 0.1 s, at 10^5
-0.55 s, every 25 iterations, so a long run slowed as it went. Now a row moves into a segment once
-``SETTLE_ROWS`` later rows exist (its held-out loss, which a collective engine fills in an
-iteration or two later, is in by then), and the checkpoint holds the rows after the last segment:
-a checkpoint costs the same at iteration 10^6 as at 10^3. Every file is written under a
-temporary name and renamed into place, segments before the checkpoint that counts them, and read
-with ``weights_only`` (plain lists, no code).
+A state holding the whole log would cost more the longer the run (0.1 s at 10^4 iterations,
+0.55 s at 10^5, every 25 iterations). So a row moves into a segment once ``SETTLE_ROWS`` later
+rows exist (its held-out loss, which a collective engine fills in an iteration or two later, is
+in by then), and the state holds the rows after the last segment: it costs the same at iteration
+10^6 as at 10^3. Every file is written under a temporary name and renamed into place, segments
+before the state that counts them, and read with ``weights_only`` (plain lists, no code).
+
+The state file was named ``server_state.pt`` (:data:`LEGACY_STATE_FILE`) by earlier versions,
+also where no server ran; a run directory holding it resumes from it (:func:`state_path`), and
+the first state written replaces it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 from bdsgd.stages.errors import CheckpointError
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
-STATE_FILE = "server_state.pt"
+STATE_FILE = "engine_state.pt"
+LEGACY_STATE_FILE = "server_state.pt"  # the same state, as earlier versions named it
 LOG_DIR = "log"
 SEGMENT_ROWS = 1024  # iteration-log rows per segment file
 SETTLE_ROWS = 64  # rows after a segment before it is written (late held-out losses are in)
@@ -28,6 +32,14 @@ SETTLE_ROWS = 64  # rows after a segment before it is written (late held-out los
 
 def segment_path(run_dir: Path, k: int) -> Path:
     return run_dir / LOG_DIR / f"rows-{k:06d}.pt"
+
+
+def state_path(run_dir: Path) -> Path:
+    """The state file ``run_dir`` resumes from: :data:`STATE_FILE`, or the legacy name where
+    only that exists (a run directory written by an earlier version)."""
+    legacy = run_dir / LEGACY_STATE_FILE
+    current = run_dir / STATE_FILE
+    return legacy if legacy.exists() and not current.exists() else current
 
 
 class Checkpointer:
@@ -48,6 +60,7 @@ class Checkpointer:
         tail = {k: v[done:] for k, v in log.items()}
         save_atomic({**state, "log": tail, "log_segments": self.segments},
                     self.run_dir / STATE_FILE)  # fmt: skip
+        (self.run_dir / LEGACY_STATE_FILE).unlink(missing_ok=True)  # (superseded: ours)
 
 
 def with_whole_log(run_dir: Path, state: dict) -> dict:
