@@ -4,7 +4,7 @@ policy, without a cluster, and compare their throughput with the oracle's.
 Sync policies (``mode = "sync"``): iteration t replays trace row t as fresh computations on every
 live worker; the iteration ends when the c-th gradient arrives, x_(c), plus ``overhead_s``. The
 policy then observes the accepted run-times exactly and every other worker censored at x_(c), as
-the parameter server would. A missing entry (``present`` False) is a dead worker: not live, and
+the engines do. A missing entry (``present`` False) is a dead worker: not live, and
 observed censored at the cut. A censored trace entry tau (a train run cut that worker off) means
 "arrives no earlier than tau"; the replay uses tau itself, its lower bound, so a policy that waits
 for more gradients than the recorded run did gets an optimistic iteration time, and it observes

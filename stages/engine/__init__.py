@@ -1,19 +1,30 @@
 """The distributed engine behind ``bdsgd profile`` and ``bdsgd train``: one shape, three variants.
 
+The worker side (what a worker process imports; nothing of the engine side):
+
 - ``config.py``: :class:`EngineConfig`, the optimizer and the learning-rate scaling.
-- ``worker_report.py``: :class:`WorkerReport`, the one encoding of a computation from worker to trace.
-- ``protocol.py``: store keys, payloads, the control store and gloo groups.
+- ``protocol.py``: the wire: every c10d store key and encoding of every variant, payloads, the
+  store helpers, the one gloo group builder, the star sum.
+- ``worker_report.py``: :class:`WorkerReport`, the one encoding of a computation from worker to
+  trace.
+- ``spawned.py``: a spawned worker's first code (SIGINT, SIGTERM ignored before torch is
+  imported).
+- ``worker.py``: what every worker does, and the parameter-server worker; ``replica.py``: the
+  collective engine's worker; ``async_worker.py``: the asynchronous worker.
+
+The engine side:
+
 - ``base.py``: :class:`Engine`, what every variant shares (loop, liveness, metrics row, trace rows,
-  checkpoint state) and :class:`ServerModel` (parameters held by an engine process).
+  resume state) and :class:`ServerModel` (parameters held by an engine process).
 - ``sync.py``: :class:`SyncEngine`, the cutoff iteration (choose, announce, admit tickets through
-  the policy driver, close, apply, observe, record) shared by:
-  - ``ps.py``: :class:`ParameterServer` -- the server holds the model, sends parameters, receives
-    the admitted gradients (worker loop: ``worker.py``);
-  - ``collective.py``: :class:`Coordinator` -- holds nothing; the replicas (``replica.py``) cut
-    inside one all-reduce among themselves (gloo on CPU, NCCL on GPU).
-- ``async_server.py`` / ``async_worker.py`` / ``async_protocol.py``: k-async, async, adasync.
-- ``launch.py``: the control store, spawned workers (or torchrun ranks), checkpoints, shutdown;
-  ``spawned.py``: a spawned worker's first code (SIGINT, SIGTERM ignored before torch is imported).
+  the policy driver, close, apply, observe, record) shared by ``ps.py``
+  (:class:`ParameterServer`: holds the model, sends parameters, receives the admitted gradients)
+  and ``collective.py`` (:class:`Coordinator`: holds nothing; the replicas cut inside one
+  all-reduce among themselves, gloo on CPU, NCCL on GPU).
+- ``async_server.py``: :class:`AsyncServer`, k-async, async, adasync.
+- ``janitor.py``: deletes the store keys of iterations long past.
+- ``resume.py``: a run directory's resume state and the iteration log's segments.
+- ``launch.py``: the control store, spawned workers (or torchrun ranks), checkpoints, shutdown.
 
 Every variant's workers take an atomic ticket from the c10d store when their gradient is ready
 and write their :class:`WorkerReport` under it, so "first c" is decided in one round trip, across

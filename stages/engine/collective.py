@@ -25,11 +25,14 @@ Two admissions, by what the policy needs:
   never wait for it.
 
 Failures: a death (a reaped process, a ticket deadline) or a replica's report that its all-reduce
-failed (``fail/<generation>``, for a member that hangs) ends the current iteration without an
+failed (``cfail/<generation>``, for a member that hangs) ends the current iteration without an
 update and starts a new generation among the survivors, resuming at the next iteration (after
 the block, for one announced ahead: :meth:`Coordinator.on_dead`): its members rebuild the group
 and take the parameters and optimizer state of the member that applied the most steps, so the
 replicas stay identical whichever of them had stepped.
+
+The keys and their encodings are the wire's (:mod:`bdsgd.stages.engine.protocol`); this module
+decides what to announce and when, and reads what the replicas publish.
 """
 
 from __future__ import annotations

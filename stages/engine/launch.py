@@ -26,11 +26,11 @@ from bdsgd.stages.engine import spawned
 from bdsgd.stages.engine.async_server import AsyncServer
 from bdsgd.stages.engine.async_worker import async_worker_main
 from bdsgd.stages.engine.base import Engine, StopRun
-from bdsgd.stages.engine.checkpoint import Checkpointer
 from bdsgd.stages.engine.collective import Coordinator, publish_settings
 from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.ps import ParameterServer
 from bdsgd.stages.engine.replica import replica_main
+from bdsgd.stages.engine.resume import Checkpointer
 from bdsgd.stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
 from bdsgd.stages.errors import ConfigError, WorkerError
 from bdsgd.stages.policies.base import Policy
@@ -150,8 +150,9 @@ def spawn_workers(cfg: EngineConfig, port: int, main, procs: list[mp.Process]) -
 
 @dataclass(frozen=True)
 class Torchrun:
-    """This process's place in a ``torchrun`` launch: global rank 0 is the parameter server, every
-    other rank a worker; the control store is torchrun's own (MASTER_ADDR:MASTER_PORT)."""
+    """This process's place in a ``torchrun`` launch: global rank 0 runs the engine (the
+    collective engine's coordinator, or the parameter server), every other rank is a worker; the
+    control store is torchrun's own (MASTER_ADDR:MASTER_PORT)."""
 
     rank: int
     world_size: int
@@ -175,12 +176,13 @@ class Torchrun:
     def check(self, workers: int) -> None:
         if workers != self.world_size - 1:
             raise ConfigError(
-                f"under torchrun --workers must be the world size minus one (rank 0 is the "
-                f"server): {self.world_size - 1}, got {workers}"
+                f"under torchrun --workers must be the world size minus one (rank 0 runs the "
+                f"engine): {self.world_size - 1}, got {workers}"
             )
 
     def server_config(self, cfg: EngineConfig) -> EngineConfig:
-        """Other machines must reach the server's gloo socket: loopback becomes this host."""
+        """Other machines must reach rank 0's sockets (the parameter server's gloo group):
+        loopback becomes this host."""
         self.check(cfg.workers)
         host = default_bind_host() if cfg.host == "127.0.0.1" else cfg.host
         return dataclasses.replace(cfg, host=host)

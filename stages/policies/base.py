@@ -1,6 +1,7 @@
 """The policy interface shared by the simulator and the training engine.
 
-A policy sees exactly what the parameter server sees. Each iteration the driver calls
+A policy sees exactly what the engine sees (the parameter server, or the collective engine's
+coordinator), and the simulator shows it the same. Each iteration the driver calls
 :meth:`Policy.choose` *before* the workers start, then, once the iteration is over,
 :meth:`Policy.observe` with the run-times of the gradients it accepted and, for the workers it cut
 off, the censored value (the run-time is >= that value). The driver sets ``overhead_s`` to the

@@ -1,4 +1,4 @@
-"""The engine under torchrun: rank 0 is the server, the other ranks are workers, and the control
+"""The engine under torchrun: rank 0 runs the engine, the other ranks are workers, and the control
 store is torchrun's. Tried on one machine as two "nodes" of two processes each."""
 
 from __future__ import annotations
