@@ -31,8 +31,8 @@ HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself 
 class AsyncServer(Engine):
     kind = "async"
 
-    def __init__(self, cfg, store, workload, policy, writer, alive):
-        super().__init__(cfg, store, policy, writer, alive)
+    def __init__(self, cfg, c10d, workload, policy, writer, alive):
+        super().__init__(cfg, c10d, policy, writer, alive)
         self.params = ServerModel(workload, cfg)
         n = cfg.workers
         self.waiting = np.zeros(n, dtype=bool)  # gradient taken, waits for the update's params
@@ -103,7 +103,7 @@ class AsyncServer(Engine):
         death, a timeout, a ticket whose holder died) and the caller should look again."""
         ticket = self.cursor + 1
         key = P.async_arrival_key(ticket)
-        while not P.wait_key(self.store, key, 0.05):
+        while not P.wait_key(self.c10d, key, 0.05):
             if self.reap():
                 return None
             if time.monotonic() > deadline:
@@ -113,7 +113,7 @@ class AsyncServer(Engine):
                 self.cursor = ticket
                 return None
         self.cursor = ticket
-        report = WorkerReport.decode(self.store.get(key))
+        report = WorkerReport.decode(self.c10d.get(key))
         self.janitor.retire([key])
         return self.receive(report)
 
@@ -134,7 +134,7 @@ class AsyncServer(Engine):
     def holder_died(self, ticket: int) -> bool:
         """Whether ``ticket`` was taken by a worker that died before naming itself: only asked
         once some worker died, and only after a grace period."""
-        if not self.dead_at or self.store.add(P.ASYNC_ARRIVALS, 0) < ticket:
+        if not self.dead_at or self.c10d.add(P.ASYNC_ARRIVALS, 0) < ticket:
             return False
         if self.hole is None or self.hole[0] != ticket:
             self.hole = (ticket, time.monotonic())
@@ -173,12 +173,12 @@ class AsyncServer(Engine):
     # -- start, liveness, end -----------------------------------------------------------------
     def connect(self) -> None:
         """Wait (bounded) for every live worker, then build each one's pair group."""
-        self.t0_epoch = float(self.store.get(P.T0_KEY).decode())
+        self.t0_epoch = float(self.c10d.get(P.T0_KEY).decode())
         self.wait_ready()
-        self.store.set(P.ASYNC_CONNECT, ",".join(str(w) for w in np.flatnonzero(self.live)))
+        self.c10d.set(P.ASYNC_CONNECT, ",".join(str(w) for w in np.flatnonzero(self.live)))
         for w in map(int, np.flatnonzero(self.live)):
             try:
-                self.groups[w] = P.pair_group(self.store, w, 0, self.cfg.host, self.cfg.timeout_s)
+                self.groups[w] = P.pair_group(self.c10d, w, 0, self.cfg.host, self.cfg.timeout_s)
             except (RuntimeError, dist.DistError):
                 self.declare_dead([w])
         self.last_end = time.perf_counter()
@@ -207,7 +207,7 @@ class AsyncServer(Engine):
         for a store or worker that is already gone."""
         self.finishing = True
         try:
-            self.store.set(P.ASYNC_STOP, "1")
+            self.c10d.set(P.ASYNC_STOP, "1")
             for w in np.flatnonzero(self.live & self.waiting):
                 self.send_stop(int(w))
             self.drain(time.monotonic() + grace_s)
@@ -222,16 +222,16 @@ class AsyncServer(Engine):
         out = {int(w) for w in np.flatnonzero(self.live & ~self.waiting) if int(w) in self.groups}
         while out and time.monotonic() < deadline:
             self.reap()
-            if P.wait_key(self.store, P.async_arrival_key(self.cursor + 1), 0.02):
+            if P.wait_key(self.c10d, P.async_arrival_key(self.cursor + 1), 0.02):
                 self.cursor += 1
-                report = WorkerReport.decode(self.store.get(P.async_arrival_key(self.cursor)))
+                report = WorkerReport.decode(self.c10d.get(P.async_arrival_key(self.cursor)))
                 if report.worker in out and self.receive(report) is not None:
                     self.send_stop(report.worker)
             for w in list(out):
                 if self.waiting[w] or not self.live[w]:
                     out.discard(w)
-                elif self.store.check([P.async_end_key(w)]):
-                    if blob := self.store.get(P.async_end_key(w)):
+                elif self.c10d.check([P.async_end_key(w)]):
+                    if blob := self.c10d.get(P.async_end_key(w)):
                         self.add_row(WorkerReport.decode(blob))
                     self.waiting[w] = True  # accounted for
                     out.discard(w)

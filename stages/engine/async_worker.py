@@ -32,7 +32,7 @@ class AsyncWorker(WorkerProcess):
         # the worker's side of the pair outwaits the server's: the server gives up on a worker
         # (and says so) before the worker gives up on it
         timeout = 2 * self.spec.cfg.timeout_s
-        self.group = P.pair_group(self.store, self.w, 1, self.spec.bind_host, timeout)
+        self.group = P.pair_group(self.c10d, self.w, 1, self.spec.bind_host, timeout)
         while self.receive_params() and self.computation():
             pass
 
@@ -41,12 +41,12 @@ class AsyncWorker(WorkerProcess):
         ``--start-timeout`` and ``--timeout``); False if the run stopped first or goes on
         without this worker (it was dead when the run was checkpointed)."""
         deadline = time.monotonic() + self.spec.cfg.start_timeout_s + self.spec.cfg.timeout_s
-        while not P.wait_key(self.store, P.ASYNC_CONNECT, 0.2):
-            if self.store.check([P.ASYNC_STOP]):
+        while not P.wait_key(self.c10d, P.ASYNC_CONNECT, 0.2):
+            if self.c10d.check([P.ASYNC_STOP]):
                 return False
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {self.w}: no word from the server")
-        return str(self.w) in self.store.get(P.ASYNC_CONNECT).decode().split(",")
+        return str(self.w) in self.c10d.get(P.ASYNC_CONNECT).decode().split(",")
 
     def receive_params(self) -> bool:
         """Block until the server sends parameters (True) or a stop message (False)."""
@@ -62,10 +62,10 @@ class AsyncWorker(WorkerProcess):
         grad = self.compute(j, P.ASYNC_STOP, cuttable=True)
         report = self.report(j, grad, version)
         if grad.loss is None:
-            self.store.set(P.async_end_key(self.w), report.encode())
+            self.c10d.set(P.async_end_key(self.w), report.encode())
             return False
-        ticket = self.store.add(P.ASYNC_ARRIVALS, 1)
-        self.store.set(P.async_arrival_key(ticket), report.encode())
+        ticket = self.c10d.add(P.ASYNC_ARRIVALS, 1)
+        self.c10d.set(P.async_arrival_key(ticket), report.encode())
         flat = torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
         self.group.send([flat], 0, P.ASYNC_GRAD_TAG).wait()
         return True

@@ -136,14 +136,14 @@ class Engine(abc.ABC):
     def __init__(
         self,
         cfg: EngineConfig,
-        store: dist.Store,
+        c10d: dist.Store,
         policy: Policy,
         writer: TraceWriter,
         alive: Callable[[int], bool],
     ):
-        self.cfg, self.store, self.policy, self.writer, self.alive = (
+        self.cfg, self.c10d, self.policy, self.writer, self.alive = (
             cfg,
-            store,
+            c10d,
             policy,
             writer,
             alive,
@@ -157,7 +157,7 @@ class Engine(abc.ABC):
         self.overhead = 0.0  # measured fixed cost of an iteration, smoothed
         self.wall_offset = 0.0  # wall-clock already spent by the run this one resumes
         self.t0 = time.perf_counter()
-        self.janitor = KeyJanitor(store)  # deletes the store keys of iterations long past
+        self.janitor = KeyJanitor(c10d)  # deletes the control store's keys of iterations long past
         self.recorded_at = time.monotonic()  # when the rows and checkpoint were last written
 
     # -- the loop -----------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Engine(abc.ABC):
         workers = [int(w) for w in np.flatnonzero(self.live)]
         keys = [P.ready_key(w) for w in workers]
         deadline = time.monotonic() + self.cfg.start_timeout_s
-        while not self.store.check(keys):
+        while not self.c10d.check(keys):
             exited = [w for w in workers if not self.alive(w)]
             if exited or time.monotonic() > deadline:
                 raise WorkerError(self.not_started(workers, exited))
@@ -234,7 +234,7 @@ class Engine(abc.ABC):
         """The one-line error naming the workers that did not start."""
         if exited:
             return f"worker(s) {', '.join(map(str, exited))} exited during start-up"
-        missing = [w for w in workers if not self.store.check([P.ready_key(w)])]
+        missing = [w for w in workers if not self.c10d.check([P.ready_key(w)])]
         return (f"worker(s) {', '.join(map(str, missing))} did not start within "
                 f"{self.cfg.start_timeout_s:g} s (--start-timeout)")  # fmt: skip
 

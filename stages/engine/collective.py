@@ -80,19 +80,19 @@ def allreduce_algorithm(cfg, torchrun: bool, params: int, cores: int | None = No
     return "star" if params <= limit else "ring"
 
 
-def publish_settings(store, cfg, torchrun: bool, workload, checkpointed: bool) -> None:
+def publish_settings(c10d, cfg, torchrun: bool, workload, checkpointed: bool) -> None:
     """What every replica reads before it starts: how to sum, and whether to publish its state
     for checkpoints (only a run directory takes them; else they would pile up in the store)."""
     params = sum(p.numel() for p in workload.model.parameters())
-    store.set(P.ALLREDUCE_KEY, allreduce_algorithm(cfg, torchrun, params))
-    store.set(P.STATES_KEY, "1" if checkpointed else "0")
+    c10d.set(P.ALLREDUCE_KEY, allreduce_algorithm(cfg, torchrun, params))
+    c10d.set(P.STATES_KEY, "1" if checkpointed else "0")
 
 
 class Coordinator(SyncEngine):
     kind = "collective"
 
-    def __init__(self, cfg, store, workload, policy, writer, alive):
-        super().__init__(cfg, store, policy, writer, alive)
+    def __init__(self, cfg, c10d, workload, policy, writer, alive):
+        super().__init__(cfg, c10d, policy, writer, alive)
         self.generation = -1
         self.members: list[int] = []
         self.last_cut = 0.0
@@ -106,7 +106,7 @@ class Coordinator(SyncEngine):
         self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
         self.read_steps: dict[int, P.Step] = {}  # steps admit read (without their reports)
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
-        self.checkpointed = store.get(P.STATES_KEY) == b"1"  # a run directory takes states
+        self.checkpointed = c10d.get(P.STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
         self.limit = 0  # the limit last announced
         self.block_starts: set[int] = set()  # iterations whose announcement keys were written
@@ -133,9 +133,9 @@ class Coordinator(SyncEngine):
         k = self.noise_next
         while k < t:
             step = self.read_steps.pop(k, None)
-            if step is None and self.reads_arrivals and self.store.check([P.step_key(k)]):
-                step = P.decode_step(self.store.get(P.step_key(k)), slots=False)
-                self.store.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
+            if step is None and self.reads_arrivals and self.c10d.check([P.step_key(k)]):
+                step = P.decode_step(self.c10d.get(P.step_key(k)), slots=False)
+                self.c10d.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
             if step is None and k == t - 1:
                 break
             if step is not None and step.stats is not None:  # (None: it applied nothing)
@@ -164,7 +164,7 @@ class Coordinator(SyncEngine):
             if (k + 1) % self.cfg.record_batch == 0 and self.record_clock():
                 self.records.add(k)
                 if self.checkpointed:
-                    self.store.set(P.record_key(k + 1), "1")
+                    self.c10d.set(P.record_key(k + 1), "1")
 
     def record_due(self, t: int) -> bool:
         """As decided when t was announced."""
@@ -190,8 +190,8 @@ class Coordinator(SyncEngine):
         then as text, which a replica that came early waits for (it then reads the integer)."""
         live = int(self.reads_arrivals)
         code = P.encode_announcement(self.generation, self.limit, live, last - first)
-        self.store.set(P.announce_key(first), str(code))
-        self.store.set(P.go_key(first), f"{self.generation},{self.limit},{live}")
+        self.c10d.set(P.announce_key(first), str(code))
+        self.c10d.set(P.go_key(first), f"{self.generation},{self.limit},{live}")
         self.block_starts.add(first)
         if self.limit < len(self.members):  # the replicas take tickets, and cut
             self.cuttable.update(range(first, last + 1))
@@ -252,7 +252,7 @@ class Coordinator(SyncEngine):
         deadline = time.monotonic() + self.cfg.timeout_s * held
         key = P.step_key(t)
         while True:
-            if P.wait_key(self.store, key, 0.05):
+            if P.wait_key(self.c10d, key, 0.05):
                 self.batched = self.read_batch(key)
                 if t in self.batched:
                     return self.batched.pop(t)
@@ -272,14 +272,14 @@ class Coordinator(SyncEngine):
         published the steps it held before it joined. The iteration ends without an update."""
         if t >= self.resume_at:
             return False
-        joined = self.store.add(P.joined_key(self.generation), 0)
-        return joined >= len(self.members) and not self.store.check([P.step_key(t)])
+        joined = self.c10d.add(P.joined_key(self.generation), 0)
+        return joined >= len(self.members) and not self.c10d.check([P.step_key(t)])
 
     def read_batch(self, key: str) -> dict[int, bytes]:
         """The batch of steps ``key`` holds or points to (:func:`batch_values`)."""
-        value = self.store.get(key)
+        value = self.c10d.get(key)
         first = P.batch_pointer(value)
-        return P.decode_batch(value if first is None else self.store.get(P.step_key(first)))
+        return P.decode_batch(value if first is None else self.c10d.get(P.step_key(first)))
 
     def new_generation(self, resume: int) -> None:
         members = (np.flatnonzero(self.live) + 1).tolist()
@@ -288,7 +288,7 @@ class Coordinator(SyncEngine):
         self.generation += 1
         self.members = members
         self.batched = {}  # (a new generation may run them again: read what it publishes)
-        self.store.set(P.generation_key(self.generation), f"{P.encode_members(members)};{resume}")
+        self.c10d.set(P.generation_key(self.generation), f"{P.encode_members(members)};{resume}")
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
         """The replicas apply the update themselves; the coordinator only times the cycle
@@ -330,7 +330,7 @@ class Coordinator(SyncEngine):
     def poll(self) -> None:
         """While waiting for a ticket: deaths, and replicas whose all-reduce failed."""
         self.reap()
-        if not self.aborted and self.store.check([P.fail_key(self.generation)]):
+        if not self.aborted and self.c10d.check([P.fail_key(self.generation)]):
             self.handle_failure()
 
     @interrupts_deferred()
@@ -352,9 +352,9 @@ class Coordinator(SyncEngine):
             self.on_dead([])
 
     def failed_members(self) -> set[int]:
-        if not self.store.check([P.fail_key(self.generation)]):
+        if not self.c10d.check([P.fail_key(self.generation)]):
             return set()
-        blob = self.store.get(P.fail_key(self.generation)).decode()
+        blob = self.c10d.get(P.fail_key(self.generation)).decode()
         return {int(w) for w in blob.split(",") if w}
 
     @interrupts_deferred()
@@ -371,7 +371,7 @@ class Coordinator(SyncEngine):
             resume = self.resume_at = max(self.announced, self.begun) + 1
         elif self.admitting is not None:
             self.aborted = True
-            self.store.set(P.cut_key(self.admitting), repr(time.time()))
+            self.c10d.set(P.cut_key(self.admitting), repr(time.time()))
             resume = self.admitting + 1
         else:  # found between iterations: the new group runs the coming one
             resume = self.begun + 1
@@ -380,7 +380,7 @@ class Coordinator(SyncEngine):
         if not self.reads_arrivals and resume < self.cfg.iterations:
             # announced now (or the stop): survivors that finished the block wait for it
             if self.stop_pending:
-                self.store.set(P.go_key(resume), P.STOP)
+                self.c10d.set(P.go_key(resume), P.STOP)
             else:
                 self.before_announcing(resume, resume)
                 self.write_announcement(resume, resume)
@@ -396,8 +396,8 @@ class Coordinator(SyncEngine):
         self.read_noise(self.next_iteration)
         deadline = time.monotonic() + wait_s
         for t, index in list(self.pending_evals.items()):
-            if P.wait_key(self.store, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
-                self.log.rows["eval_loss"][index] = float(self.store.get(P.eval_key(t)).decode())
+            if P.wait_key(self.c10d, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
+                self.log.rows["eval_loss"][index] = float(self.c10d.get(P.eval_key(t)).decode())
             del self.pending_evals[t]
 
     def state(self, next_iteration: int) -> dict:
@@ -414,9 +414,9 @@ class Coordinator(SyncEngine):
         whatever it published last."""
         if self.finished or (self.replica is not None and self.replica[0] == steps):
             return
-        if P.wait_key(self.store, P.replica_key(steps), self.cfg.timeout_s):
-            self.replica = (steps, self.store.get(P.replica_key(steps)))
-            self.store.delete_key(P.replica_key(steps))  # the store keeps no pile of states
+        if P.wait_key(self.c10d, P.replica_key(steps), self.cfg.timeout_s):
+            self.replica = (steps, self.c10d.get(P.replica_key(steps)))
+            self.c10d.delete_key(P.replica_key(steps))  # the store keeps no pile of states
 
     def parameter_state(self) -> dict:
         if self.replica is None:
@@ -427,7 +427,7 @@ class Coordinator(SyncEngine):
         if "replica" not in state:
             raise WorkerError("the checkpoint holds no replica state: the run cannot resume")
         blob = state["replica"].numpy().tobytes()
-        self.store.set(P.replica_key("init"), blob)
+        self.c10d.set(P.replica_key("init"), blob)
         replica = P.decode_replica_state(blob)
         if "noise" in replica:
             self.noise.load_state_dict(replica["noise"])
@@ -453,27 +453,27 @@ class Coordinator(SyncEngine):
 
         # (no generation was announced: stopped during start-up, no replica holds a state)
         if self.generation >= 0 and self.wait_published(P.replica_key("final"), left):
-            blob = self.store.get(P.replica_key("final"))
+            blob = self.c10d.get(P.replica_key("final"))
             self.replica = (int(P.decode_replica_state(blob)["steps"]), blob)
         self.collect_evals(min(1.0, left()))
         for w in map(int, np.flatnonzero(self.live)):
             if self.wait_published(P.digest_key(w), left):
-                self.digests[w] = self.store.get(P.digest_key(w)).decode()
-            if self.store.check([P.lag_key(w)]):
-                blob = self.store.get(P.lag_key(w)).decode()
+                self.digests[w] = self.c10d.get(P.digest_key(w)).decode()
+            if self.c10d.check([P.lag_key(w)]):
+                blob = self.c10d.get(P.lag_key(w)).decode()
                 self.lags_ms += [float(v) for v in blob.split(",") if v]
 
     def wait_published(self, key: str, left) -> bool:
         """Whether ``key`` appears before ``left()`` runs out, or every worker process is gone
         (a Ctrl-C during start-up can end them before they publish anything)."""
-        while not P.wait_key(self.store, key, min(0.1, left())):
+        while not P.wait_key(self.c10d, key, min(0.1, left())):
             if left() <= 0.01 or not any(map(self.alive, range(self.cfg.workers))):
-                return self.store.check([key])
+                return self.c10d.check([key])
         return True
 
     def final_loss(self) -> float | None:
-        if self.store.check([P.eval_key("final")]):
-            return float(self.store.get(P.eval_key("final")).decode())
+        if self.c10d.check([P.eval_key("final")]):
+            return float(self.c10d.get(P.eval_key("final")).decode())
         return None
 
     def trace_device(self, worker: int) -> str:
@@ -483,8 +483,8 @@ class Coordinator(SyncEngine):
         """The device ``worker`` reported (set before it counts as ready; read without waiting:
         on a resumed run a worker dead at the checkpoint may count instead of a slow live one,
         which reports by the time it computes). ``--device`` where it has not reported."""
-        if worker not in self.devices and self.store.check([P.device_key(worker)]):
-            self.devices[worker] = self.store.get(P.device_key(worker)).decode()
+        if worker not in self.devices and self.c10d.check([P.device_key(worker)]):
+            self.devices[worker] = self.c10d.get(P.device_key(worker)).decode()
         return self.devices.get(worker, self.cfg.device if self.cfg.device != "auto" else "cpu")
 
     def extras(self) -> dict:

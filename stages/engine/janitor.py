@@ -21,8 +21,8 @@ HIGH_WATER = 2048  # iterations (or asynchronous arrivals) whose keys the store 
 
 
 class KeyJanitor:
-    def __init__(self, store: dist.Store, high_water: int | None = None):
-        self.store = store
+    def __init__(self, c10d: dist.Store, high_water: int | None = None):
+        self.c10d = c10d
         self.high_water = HIGH_WATER if high_water is None else high_water
         self.pending: collections.deque[list[str]] = collections.deque()
         self.cond = threading.Condition()
@@ -45,7 +45,7 @@ class KeyJanitor:
         if self.thread is not None:
             return
         try:
-            client = self.store.clone()
+            client = self.c10d.clone()
         except (AttributeError, RuntimeError, dist.DistError):
             self.closed = True  # a store without clone: keys stay, as before
             return

@@ -86,18 +86,18 @@ def run_engine(
     tr = Torchrun.from_env()
     if tr:
         cfg = tr.server_config(cfg)
-        store = P.open_store(tr.addr, tr.port, not tr.agent_store, cfg.timeout_s)
+        c10d = P.open_store(tr.addr, tr.port, not tr.agent_store, cfg.timeout_s)
     else:
-        store = P.open_store(cfg.host, 0, True, cfg.timeout_s)
+        c10d = P.open_store(cfg.host, 0, True, cfg.timeout_s)
     start = int(resume["next_iteration"]) if resume else 0
     workload = load_workload(cfg.workload, seed=cfg.seed)
     if kind == "collective":
-        publish_settings(store, cfg, tr is not None, workload, checkpointed=run_dir is not None)
-    store.set(P.VARIANT_KEY, kind)
-    store.set(P.START_KEY, str(start))
-    store.set(P.T0_KEY, repr(time.time()))
+        publish_settings(c10d, cfg, tr is not None, workload, checkpointed=run_dir is not None)
+    c10d.set(P.VARIANT_KEY, kind)
+    c10d.set(P.START_KEY, str(start))
+    c10d.set(P.T0_KEY, repr(time.time()))
     writer = TraceWriter(TraceStore(traces), batch_rows=MAX_PENDING_ROWS)
-    engine = engine_class(cfg, store, workload, policy, writer, alive=lambda w: True)
+    engine = engine_class(cfg, c10d, workload, policy, writer, alive=lambda w: True)
     if resume:
         engine.load_state(resume)
     procs: list[mp.Process] = []
@@ -108,7 +108,7 @@ def run_engine(
     try:
         if not tr:  # (torchrun: timeouts tell)
             engine.alive = lambda w: w < len(procs) and procs[w].is_alive()
-            spawn_workers(cfg, store.port, worker_main, procs)
+            spawn_workers(cfg, c10d.port, worker_main, procs)
         engine.run(start, _with_checkpoints(engine, on_iteration, ckpt))
         engine.run_announced(announced)
     except KeyboardInterrupt:

@@ -21,8 +21,8 @@ from torch.nn.utils import parameters_to_vector
 class ParameterServer(SyncEngine):
     kind = "ps"
 
-    def __init__(self, cfg, store, workload, policy, writer, alive):
-        super().__init__(cfg, store, policy, writer, alive)
+    def __init__(self, cfg, c10d, workload, policy, writer, alive):
+        super().__init__(cfg, c10d, policy, writer, alive)
         self.params = ServerModel(workload, cfg)
         self.generation, self.group, self.members = -1, None, [0]
         self.pending_sends: list = []
@@ -36,11 +36,11 @@ class ParameterServer(SyncEngine):
         members = [0, *(np.flatnonzero(self.live) + 1).tolist()]
         if members != self.members:
             self.generation += 1
-            self.store.set(P.members_key(self.generation), P.encode_members(members))
-        self.store.set(P.go_key(t), str(self.generation))
+            self.c10d.set(P.members_key(self.generation), P.encode_members(members))
+        self.c10d.set(P.go_key(t), str(self.generation))
         if members != self.members:
             self.group = P.build_group(
-                self.store, self.generation, members, 0, self.cfg.host, self.cfg.timeout_s
+                self.c10d, self.generation, members, 0, self.cfg.host, self.cfg.timeout_s
             )
             self.members = members
         payload = P.pack_params_of(self.params.model.parameters(), t, limit)

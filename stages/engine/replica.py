@@ -49,8 +49,8 @@ class Replica(WorkerProcess):
         device = resolve_device(spec.cfg.device, spec.cfg.workers, spec.local_rank)
         super().__init__(spec, device)
         self.backend = backend_for(device, spec.cfg.workers)
-        P.vote_backend(self.store, self.backend)
-        self.store.set(P.device_key(self.w), device.type)
+        P.vote_backend(self.c10d, self.backend)
+        self.c10d.set(P.device_key(self.w), device.type)
         size = sum(p.numel() for p in self.model.parameters())
         kw = dict(device=device)
         self.flat = torch.zeros(size, **kw)  # the parameters (the model's params are views)
@@ -74,8 +74,8 @@ class Replica(WorkerProcess):
         self.lags_ms: list[float] = []
         self.eval_part: tuple[int, float] | None = None  # (iteration, this slice's loss part)
         self.evaluated: tuple[int, float] | None = None  # the last all-reduce's held-out loss
-        self.star = self.store.get(P.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
-        self.checkpointed = self.store.get(P.STATES_KEY) == b"1"  # a run directory takes states
+        self.star = self.c10d.get(P.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
+        self.checkpointed = self.c10d.get(P.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
         # a fixed c's steps not yet published (every member keeps them: if the lowest dies
         # before it publishes them, a survivor does), and the last batch the lowest published,
@@ -87,9 +87,9 @@ class Replica(WorkerProcess):
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        t = int(self.store.get(P.START_KEY).decode())
+        t = int(self.c10d.get(P.START_KEY).decode())
         if t > 0:
-            self.load(P.decode_replica_state(self.store.get(P.replica_key("init"))))
+            self.load(P.decode_replica_state(self.c10d.get(P.replica_key("init"))))
         self.mark_ready()
         ahead = None  # iteration t's gradient, computed before its announcement was read
         while t < self.spec.cfg.iterations:
@@ -110,11 +110,11 @@ class Replica(WorkerProcess):
         coordinator announced already (the integer key), else a wait for the text key."""
         if t <= self.known_through:
             return self.known
-        code = self.store.add(P.announce_key(t), 0)
+        code = self.c10d.add(P.announce_key(t), 0)
         if not code:  # not announced yet: wait for the text, written after the integer
             if self.wait_announcement(t) == P.STOP:
                 return None
-            code = self.store.add(P.announce_key(t), 0)
+            code = self.c10d.add(P.announce_key(t), 0)
         generation, limit, live, span = P.decode_announcement(code)
         self.known, self.known_through = (generation, limit, live), t + span
         return self.known
@@ -160,9 +160,9 @@ class Replica(WorkerProcess):
             return 1 if self.take_ticket(t, limit, report) else 0
         if limit >= workers:
             return 1
-        ticket = self.store.add(P.ticket_key(t), 1)
+        ticket = self.c10d.add(P.ticket_key(t), 1)
         if ticket == limit:
-            self.store.set(P.cut_key(t), repr(time.time()))
+            self.c10d.set(P.cut_key(t), repr(time.time()))
         return ticket if ticket <= limit else 0
 
     # -- the update ---------------------------------------------------------------------------
@@ -235,7 +235,7 @@ class Replica(WorkerProcess):
         state of the member that applied the most steps); returns the iteration it resumes at.
         A replica the generation leaves out stops."""
         self.publish_steps(every=True)  # (the last generation's, if the lowest could not)
-        blob = self.store.get(P.generation_key(generation)).decode()
+        blob = self.c10d.get(P.generation_key(generation)).decode()
         members, resume = blob.split(";")
         self.members = P.decode_members(members.encode())
         check_member(self.spec, self.members)
@@ -249,7 +249,7 @@ class Replica(WorkerProcess):
         if self.generation >= 0:
             self.sync_state()
         self.generation = generation
-        self.store.add(P.joined_key(generation), 1)  # (after its steps: the coordinator knows
+        self.c10d.add(P.joined_key(generation), 1)  # (after its steps: the coordinator knows
         return int(resume)  # that those it has not got by then never ran)
 
     def build_group(self, generation: int):
@@ -258,8 +258,8 @@ class Replica(WorkerProcess):
         timeout_s = self.spec.cfg.timeout_s / 2
         rank, size = self.members.index(self.spec.worker_id), len(self.members)
         prefix = P.collective_prefix(generation)
-        if P.agreed_backend(self.store, self.backend) != "nccl":
-            return P.gloo_group(self.store, prefix, rank, size, self.spec.bind_host, timeout_s)
+        if P.agreed_backend(self.c10d, self.backend) != "nccl":
+            return P.gloo_group(self.c10d, prefix, rank, size, self.spec.bind_host, timeout_s)
         # wait() blocks and raises at the timeout (which recover() handles) instead of the
         # watchdog tearing the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING's default): a dead
         # member then costs the survivors a regrouping, not their lives. Read when the group is
@@ -267,7 +267,7 @@ class Replica(WorkerProcess):
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = datetime.timedelta(seconds=timeout_s)
-        return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, self.store), rank, size, opts)
+        return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, self.c10d), rank, size, opts)
 
     def sync_state(self) -> None:
         """Everyone takes the parameters, momentum and step count of the member that applied
@@ -288,11 +288,11 @@ class Replica(WorkerProcess):
         publishes: the lowest may be the one that died) and join the coordinator's next
         generation."""
         self.publish_steps(every=True)
-        self.store.append(P.fail_key(self.generation), f"{self.w},")
+        self.c10d.append(P.fail_key(self.generation), f"{self.w},")
         P.shutdown(self.group)
         self.group = None
         key = P.generation_key(self.generation + 1)
-        if not P.wait_key(self.store, key, 2 * self.spec.cfg.timeout_s):
+        if not P.wait_key(self.c10d, key, 2 * self.spec.cfg.timeout_s):
             raise TimeoutError(f"worker {self.w}: no new group after a failed all-reduce")
         return self.join(self.generation + 1)
 
@@ -300,7 +300,7 @@ class Replica(WorkerProcess):
     def note_lag(self, t: int, entered: float) -> None:
         """Cut-off: milliseconds from the cut (the time the cut key holds) to this replica's
         entry into the all-reduce; read after it, off the critical path."""
-        cut = self.store.get(P.cut_key(t)) if self.store.check([P.cut_key(t)]) else None
+        cut = self.c10d.get(P.cut_key(t)) if self.c10d.check([P.cut_key(t)]) else None
         if cut is not None:
             self.lags_ms.append(max(entered - float(cut.decode()), 0.0) * 1e3)
 
@@ -317,7 +317,7 @@ class Replica(WorkerProcess):
         cfg = self.spec.cfg
         if self.live_arrivals:  # (the coordinator reads the arrivals live, and steps one by one)
             if self.lowest:
-                self.store.set(P.step_key(t), P.encode_step(*self.step_parts()))
+                self.c10d.set(P.step_key(t), P.encode_step(*self.step_parts()))
         else:
             self.unpublished.append((t, self.step_parts()))
             if len(self.unpublished) >= P.STEP_BATCH or t >= self.known_through:
@@ -325,8 +325,8 @@ class Replica(WorkerProcess):
         if not self.lowest:
             return
         boundary = (t + 1) % cfg.record_batch == 0
-        if self.checkpointed and boundary and self.store.check([P.record_key(t + 1)]):
-            self.store.set(P.replica_key(t + 1), self.state_bytes())
+        if self.checkpointed and boundary and self.c10d.check([P.record_key(t + 1)]):
+            self.c10d.set(P.replica_key(t + 1), self.state_bytes())
 
     def step_parts(self) -> tuple:
         """The last all-reduce as it is published: the arguments of
@@ -343,11 +343,11 @@ class Replica(WorkerProcess):
         published them; the same bytes twice change nothing)."""
         if self.lowest:
             if self.unpublished:
-                self.store.multi_set(*self.batch_keys(self.unpublished))
+                self.c10d.multi_set(*self.batch_keys(self.unpublished))
         elif every:
             for batch in (self.last_batch, self.unpublished):
                 if batch:
-                    self.store.multi_set(*self.batch_keys(batch))
+                    self.c10d.multi_set(*self.batch_keys(batch))
         self.last_batch, self.unpublished = self.unpublished, []
 
     @staticmethod
@@ -359,18 +359,18 @@ class Replica(WorkerProcess):
         """At the end: the held-out loss due after the last iteration, which no all-reduce
         followed to sum it (the lowest replica evaluates the whole batch)."""
         if self.eval_part is not None:
-            self.store.set(P.eval_key(self.eval_part[0]), repr(self.evaluate()))
+            self.c10d.set(P.eval_key(self.eval_part[0]), repr(self.evaluate()))
             self.eval_part = None
 
     def finish(self) -> None:
         self.publish_steps(every=True)
-        self.store.set(P.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
+        self.c10d.set(P.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
-        self.store.set(P.digest_key(self.w), digest)
+        self.c10d.set(P.digest_key(self.w), digest)
         if self.members and self.lowest:
             self.evaluate_due()
-            self.store.set(P.eval_key("final"), repr(self.evaluate()))
-            self.store.set(P.replica_key("final"), self.state_bytes())
+            self.c10d.set(P.eval_key("final"), repr(self.evaluate()))
+            self.c10d.set(P.replica_key("final"), self.state_bytes())
         if self.group is not None:  # (the run's last all-reduce has ended on every member)
             P.shutdown(self.group, graceful=True)
             self.group = None

@@ -35,8 +35,8 @@ class SyncEngine(Engine):
     what happens per admitted ticket (:meth:`admitted`) and how the update is applied
     (:meth:`apply`)."""
 
-    def __init__(self, cfg, store, policy, writer, alive):
-        super().__init__(cfg, store, policy, writer, alive)
+    def __init__(self, cfg, c10d, policy, writer, alive):
+        super().__init__(cfg, c10d, policy, writer, alive)
         self.driver = IterationDriver(policy, cfg.workers)
         self.aborted = False  # the iteration under way ends now, without an update
         self.announced = -1  # the last iteration announced
@@ -149,10 +149,10 @@ class SyncEngine(Engine):
         last = max(current, self.announced)
         try:
             for t in (last, last + 1):
-                if t >= 0 and not self.store.check([P.go_key(t)]):
-                    self.store.set(P.go_key(t), P.STOP)
+                if t >= 0 and not self.c10d.check([P.go_key(t)]):
+                    self.c10d.set(P.go_key(t), P.STOP)
             for t in (max(last, 0), last + 1):
-                self.store.set(P.cut_key(t), repr(time.time()))
+                self.c10d.set(P.cut_key(t), repr(time.time()))
         except RuntimeError:
             pass  # the store is gone: workers will notice and exit on their own
 
@@ -207,15 +207,15 @@ class SyncEngine(Engine):
         """No ticket is handed out any more; whoever took an admitted one (``ticket`` on)
         meanwhile is admitted too. Their reports appear right after their tickets; one that does
         not within a short grace died in between, and is left to the liveness checks."""
-        total = self.store.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
-        self.store.set(P.cut_key(t), repr(time.time()))
+        total = self.c10d.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
+        self.c10d.set(P.cut_key(t), repr(time.time()))
         limit = self.ticket_limit()
         self.tickets = min(total, limit)
         grace = time.monotonic() + min(self.cfg.timeout_s, CLOSE_GRACE_S)
         for k in range(ticket, self.tickets + 1):
             if len(reports) >= limit:
                 return
-            if P.wait_key_until(self.store, P.arrival_key(t, k), grace):
+            if P.wait_key_until(self.c10d, P.arrival_key(t, k), grace):
                 report = self.take(t, k, reports)
                 self.driver.arrive(report.worker, report.runtime_s)
 
@@ -229,12 +229,12 @@ class SyncEngine(Engine):
         key, missing_since = P.arrival_key(t, ticket), None
         if ticket > self.ticket_limit():
             return None  # a hole took an admitted ticket: nobody else is admitted
-        while not P.wait_key(self.store, key, self.wait_slice()):
+        while not P.wait_key(self.c10d, key, self.wait_slice()):
             self.poll()
             if self.aborted or self.all_reported():
                 return None
-            taken = self.store.add(P.ticket_key(t), 0) >= ticket
-            if taken and P.wait_key(self.store, key, REPORT_GRACE_S) and self.before_tick(key):
+            taken = self.c10d.add(P.ticket_key(t), 0) >= ticket
+            if taken and P.wait_key(self.c10d, key, REPORT_GRACE_S) and self.before_tick(key):
                 return True  # its holder finished before the tick due: the arrival comes first
             if self.driver.wait(self.tick_due()):
                 return None  # asked again while waiting, the policy stops here
@@ -256,7 +256,7 @@ class SyncEngine(Engine):
         return self.peeked[1].runtime_s <= tick
 
     def read_report(self, key: str) -> WorkerReport:
-        return WorkerReport.decode(self.store.get(key))
+        return WorkerReport.decode(self.c10d.get(key))
 
     def tick_due(self) -> float:
         """The present for the driver while waiting: a tick that is due is asked at its own time,
@@ -296,7 +296,7 @@ class SyncEngine(Engine):
         worker's and is skipped (False); otherwise the admission ends (None)."""
         later = []
         k = ticket + 1
-        while self.store.check([P.arrival_key(t, k)]):
+        while self.c10d.check([P.arrival_key(t, k)]):
             later.append(self.read_report(P.arrival_key(t, k)).worker)
             k += 1
         holders = np.zeros_like(self.live)

@@ -69,21 +69,21 @@ class WorkerProcess:
         self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + spec.worker_id)
         model = parse_stragglers(cfg.stragglers, cfg.seed, cfg.time_scale)
         self.delays = model.column(cfg.iterations, cfg.workers, self.w)
-        self.store = P.open_store(spec.store_host, spec.store_port, False, cfg.timeout_s)
-        self.t0_epoch = float(self.store.get(P.T0_KEY).decode())  # the engine's clock origin
+        self.c10d = P.open_store(spec.store_host, spec.store_port, False, cfg.timeout_s)
+        self.t0_epoch = float(self.c10d.get(P.T0_KEY).decode())  # the engine's clock origin
         self.starting = True  # until the first announcement: the engine waits for every worker
 
     def wait_announcement(self, t: int) -> str:
         """:func:`wait_announcement` of iteration t; the first also waits out the other
         workers' start-up (``--start-timeout``), which the engine waits for before it announces."""
         start_s = self.spec.cfg.start_timeout_s if self.starting else 0.0
-        announced = wait_announcement(self.store, t, self.spec.cfg.timeout_s, self.w, start_s)
+        announced = wait_announcement(self.c10d, t, self.spec.cfg.timeout_s, self.w, start_s)
         self.starting = False
         return announced
 
     def mark_ready(self) -> None:
         """Tell the engine this worker has started (it counts no iteration time before)."""
-        self.store.set(P.ready_key(self.w), "1")
+        self.c10d.set(P.ready_key(self.w), "1")
 
     def delay(self, j: int) -> float:
         return float(self.delays[j % len(self.delays)])
@@ -95,12 +95,12 @@ class WorkerProcess:
         start, start_s = time.perf_counter(), time.time() - self.t0_epoch
         delay = self.delay(j)
         self.zero_grad()
-        if delay > 0 and P.wait_key(self.store, stop_key, delay):
+        if delay > 0 and P.wait_key(self.c10d, stop_key, delay):
             return Gradient(None, 0, time.perf_counter() - start, delay, start_s)
         parts = self.spec.cfg.micro_batches if cuttable else 1
         waited = time.perf_counter() - start
         with self.timer() as elapsed:
-            loss, samples = self.micro_batches(parts, lambda: self.store.check([stop_key]))
+            loss, samples = self.micro_batches(parts, lambda: self.c10d.check([stop_key]))
         return Gradient(loss, samples, waited + elapsed(), delay, start_s)
 
     grad: torch.Tensor | None = None  # one flat buffer the model's gradients are views into
@@ -161,12 +161,12 @@ class WorkerProcess:
         """Take iteration t's next ticket; tickets up to ``limit`` (c, or the live count for an
         online iteration) are admitted and name themselves with the report, ticket c cuts the
         rest. Returns whether this worker is admitted."""
-        ticket = self.store.add(P.ticket_key(t), 1)
+        ticket = self.c10d.add(P.ticket_key(t), 1)
         if ticket > limit:
             return False
-        self.store.set(P.arrival_key(t, ticket), report.encode())
+        self.c10d.set(P.arrival_key(t, ticket), report.encode())
         if ticket == limit and not self.online:
-            self.store.set(P.cut_key(t), repr(time.time()))
+            self.c10d.set(P.cut_key(t), repr(time.time()))
         return True
 
     online = False  # whether the iteration under way is decided by the engine (set per iteration)
@@ -183,7 +183,7 @@ class PsWorker(WorkerProcess):
         P.bind_flat(self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad)
 
     def run(self) -> None:
-        t = int(self.store.get(P.START_KEY).decode())
+        t = int(self.c10d.get(P.START_KEY).decode())
         self.mark_ready()
         while t < self.spec.cfg.iterations:
             announced = self.wait_announcement(t)
@@ -194,11 +194,11 @@ class PsWorker(WorkerProcess):
 
     def join_generation(self, generation: int) -> None:
         if generation != self.generation:
-            self.members = P.decode_members(self.store.get(P.members_key(generation)))
+            self.members = P.decode_members(self.c10d.get(P.members_key(generation)))
             check_member(self.spec, self.members)
             cfg = self.spec.cfg
             self.group = P.build_group(
-                self.store, generation, self.members, self.spec.worker_id, self.spec.bind_host,
+                self.c10d, generation, self.members, self.spec.worker_id, self.spec.bind_host,
                 cfg.timeout_s,
             )  # fmt: skip
             self.generation = generation
