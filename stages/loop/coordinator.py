@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.compute as pc
 from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, first_line
 from bdsgd.stages.loop.config import LoopConfig
 from bdsgd.stages.policies.driver import IterationDriver

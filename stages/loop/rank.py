@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError, first_line
 from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule
 from bdsgd.stages.loop.timing import ComputeTimer

@@ -110,7 +110,7 @@ def test_trace_rows_are_one_per_computation(slow_worker_run):
     assert result.rows_written == rows.height
 
 
-def test_async_server_state_loads_with_weights_only(slow_worker_run):
+def test_async_engine_state_loads_with_weights_only(slow_worker_run):
     cfg, _, result, rows, run_dir = slow_worker_run
     state = torch.load(run_dir / STATE_FILE, weights_only=True)
     assert state["engine"] == "async" and state["next_iteration"] == cfg.iterations

@@ -108,7 +108,7 @@ def test_policy_sees_the_dropped_worker_censored_at_the_cut(slow_worker_run):
         assert runtimes[1] == pytest.approx(runtimes[~censored].max())
 
 
-def test_server_state_loads_with_weights_only(slow_worker_run):
+def test_engine_state_loads_with_weights_only(slow_worker_run):
     cfg, _, result, _, run_dir = slow_worker_run
     state = torch.load(run_dir / STATE_FILE, weights_only=True)  # never runs code
     assert state["next_iteration"] == cfg.iterations

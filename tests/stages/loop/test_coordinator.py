@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.report import WorkerReport
+from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.loop.config import LoopConfig
 from bdsgd.stages.loop.coordinator import LoopCoordinator
 from bdsgd.stages.store import TraceStore
