@@ -22,8 +22,8 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM end
 
 
 def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a command body: a :class:`BdsgdError` or Ctrl-C becomes one line on stderr and a
-    non-zero exit, never a traceback."""
+    """Wrap a command body: a :class:`BdsgdError`, an OSError (a full disk) or Ctrl-C becomes
+    one line on stderr and a non-zero exit, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -33,6 +33,10 @@ def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
                 return fn(*args, **kwargs)
         except BdsgdError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
+        except OSError as exc:  # a full disk, a file the stage could not write or read
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(EXIT_ERROR)
         except KeyboardInterrupt:
             why = "terminated (SIGTERM)" if terminated else "interrupted"

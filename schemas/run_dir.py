@@ -11,6 +11,7 @@ without a predictive distribution).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -53,13 +54,17 @@ def iterations_table(columns: dict[str, list]) -> pa.Table:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file under a temporary name and rename it into place."""
+    """Write a file under a temporary name and rename it into place; a failure leaves neither."""
     tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):  # (a full disk: no partial file is left)
+            tmp.unlink(missing_ok=True)
 
 
 def write_run_dir(out: Path, summary: dict, iterations: pa.Table) -> None:

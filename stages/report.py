@@ -530,7 +530,14 @@ def _save(fig: plt.Figure, path: Path, dpi: int) -> None:
         fig.savefig(buf, format="png", dpi=dpi)
     finally:
         plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    _write(path, buf.getvalue())
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        write_atomic(path, data)
+    except OSError as exc:  # (a full disk: nothing half-written is left)
+        raise BdsgdError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _ensure_out(out: Path, runs: list[Run]) -> None:
@@ -540,7 +547,7 @@ def _ensure_out(out: Path, runs: list[Run]) -> None:
     except OSError as exc:
         raise BdsgdError(f"cannot create --out {out}: {exc.strerror}") from None
     marker = {"kind": "report", "runs": [str(run.path) for run in runs]}
-    write_atomic(out / MARKER, json.dumps(marker, indent=2).encode())
+    _write(out / MARKER, json.dumps(marker, indent=2).encode())
 
 
 def run_report(config: ReportConfig) -> ReportResult:
@@ -557,5 +564,5 @@ def run_report(config: ReportConfig) -> ReportResult:
             _save(fig, config.out / name, config.dpi)
             written.append((name, caption))
     index = config.out / INDEX
-    write_atomic(index, render_index(runs, series, written, warnings).encode())
+    _write(index, render_index(runs, series, written, warnings).encode())
     return ReportResult(index, tuple(config.out / n for n, _ in written), tuple(warnings))

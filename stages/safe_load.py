@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,16 +33,46 @@ def load_plain(path: Path, what: str) -> dict:
     return payload
 
 
-def save_atomic(payload: dict, path: Path) -> None:
-    """``torch.save`` under a temporary name, then rename into place; a failure leaves neither
-    a partial file nor the temporary one."""
+def save_atomic(payload: dict, path: Path, then: Callable[[], None] | None = None) -> None:
+    """``torch.save`` under a temporary name (flushed to disk), then rename into place; a failure
+    leaves neither a partial file nor the temporary one. ``then`` runs between the two (what the
+    file counts is made durable there: :class:`bdsgd.stages.engine.resume.Checkpointer`); if
+    it raises, the file is not renamed into place. A full disk is a :class:`CheckpointError`
+    (``torch.save``'s zip writer raises RuntimeError there: the OSError under it says why)."""
     tmp = path.with_name(f".tmp-{path.name}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(payload, tmp)
+        with open(tmp, "wb") as fh:
+            sink = _Sink(fh)
+            try:
+                torch.save(payload, sink)
+            except RuntimeError as exc:
+                raise sink.error or OSError(first_line(exc)) from None
+            fh.flush()
+            os.fsync(fh.fileno())
+        if then is not None:
+            then()
         os.replace(tmp, path)
     except OSError as exc:
         raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(OSError):  # e.g. the parent is not a directory: nothing to remove
             tmp.unlink()
+
+
+class _Sink:
+    """A file as ``torch.save`` writes it, keeping the OSError a write raised (torch reports it
+    as a RuntimeError that does not say why)."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()

@@ -329,7 +329,9 @@ def _read_schema(path: Path) -> pa.Schema:
 
 class TraceWriter:
     """Collects rows and appends them to a store in batches on a background thread, so the
-    per-iteration path only puts a dict on a queue. At most one batch is lost on a crash."""
+    per-iteration path only puts a dict on a queue. At most one batch is lost on a crash. After
+    a failed append it writes nothing more (a later batch landing would leave a gap in the
+    traces): every later call raises that failure."""
 
     def __init__(self, store: TraceStore, batch_rows: int = 2048):
         self.store = store
@@ -338,6 +340,7 @@ class TraceWriter:
         self._n = 0
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
+        self._dropped = False  # abandon(): what is queued is not written
         self.files: list[Path] = []
         self.rows_written = 0
         self._thread = threading.Thread(target=self._run, name="trace-writer", daemon=True)
@@ -345,8 +348,7 @@ class TraceWriter:
 
     def add(self, rows: dict[str, list]) -> None:
         """Add column-wise rows (all lists the same length)."""
-        if self._error is not None:
-            raise TraceError(f"writing traces failed: {self._error}")
+        self._raise_failure()
         for k, v in rows.items():
             self._pending.setdefault(k, []).extend(v)
         self._n += len(next(iter(rows.values())))
@@ -358,20 +360,41 @@ class TraceWriter:
             self._queue.put(self._pending)
             self._pending, self._n = {}, 0
 
+    def wait_written(self, rows: int, timeout: float) -> None:
+        """Return once ``rows`` rows in all are on disk; raise as soon as an append failed, or
+        after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.rows_written < rows:
+            self._raise_failure()
+            if time.monotonic() > deadline:
+                raise TraceError(f"the trace writer did not write its rows within {timeout:g} s")
+            time.sleep(0.005)
+
     def close(self, timeout: float = 60.0) -> None:
         """Flush what is pending and wait for the writer thread (bounded)."""
         self.flush()
         self._queue.put(None)
         self._thread.join(timeout)
-        if self._error is not None:
-            raise TraceError(f"writing traces failed: {self._error}")
+        self._raise_failure()
         if self._thread.is_alive():
             raise TraceError(f"trace writer did not finish within {timeout:g} s")
 
+    def abandon(self, timeout: float = 60.0) -> None:
+        """Stop without writing what is pending or queued (rows no checkpoint counts)."""
+        self._pending, self._n, self._dropped = {}, 0, True
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise TraceError(f"writing traces failed: {self._error}")
+
     def _run(self) -> None:
         while (batch := self._queue.get()) is not None:
+            if self._error is not None or self._dropped:
+                continue
             try:
                 self.files.append(self.store.append(batch))
                 self.rows_written += len(batch["run_id"])
-            except BaseException as exc:  # reported to the caller on its next add/close
+            except BaseException as exc:  # reported to the caller on its next call
                 self._error = exc

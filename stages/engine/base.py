@@ -328,11 +328,10 @@ class Engine(abc.ABC):
         return True
 
     def flush_through(self, t: int) -> None:
-        """Every row of the iterations up to t is with the writer, on disk once it returns."""
+        """Every row of the iterations up to t is on disk once it returns; a failed write raises
+        at once (a TraceError), as does a writer that takes longer than ``--timeout``."""
         self.writer.flush()
-        deadline = time.monotonic() + self.cfg.timeout_s
-        while self.writer.rows_written < self.rows_added and time.monotonic() < deadline:
-            time.sleep(0.005)
+        self.writer.wait_written(self.rows_added, self.cfg.timeout_s)
 
     # -- state for --resume -------------------------------------------------------------------
     def state(self, next_iteration: int) -> dict:

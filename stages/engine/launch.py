@@ -32,7 +32,7 @@ from bdsgd.stages.engine.ps import ParameterServer
 from bdsgd.stages.engine.replica import replica_main
 from bdsgd.stages.engine.resume import Checkpointer
 from bdsgd.stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
-from bdsgd.stages.errors import ConfigError, WorkerError
+from bdsgd.stages.errors import CheckpointError, ConfigError, WorkerError
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.store import TraceStore, TraceWriter
 from bdsgd.stages.workloads import load_workload
@@ -120,9 +120,7 @@ def run_engine(
         engine.finish(max(engine.current, start))  # also during start-up
         engine.janitor.close()
         join_or_kill(procs)
-        writer.close()
-        if ckpt is not None and engine.next_iteration > start:
-            ckpt.save(engine.state(engine.next_iteration))
+        close_records(engine, ckpt, start)
     return EngineResult(
         engine.log.rows,
         engine.dead_at,
@@ -237,10 +235,25 @@ def _with_checkpoints(engine: Engine, on_iteration, ckpt: Checkpointer | None):
         if ckpt is None:
             engine.writer.flush()
             return
-        engine.flush_through(t)
-        ckpt.save(engine.state(t + 1))
+        ckpt.save(engine.state(t + 1), then=lambda: engine.flush_through(t))
 
     return callback
+
+
+def close_records(engine: Engine, ckpt: Checkpointer | None, start: int) -> None:
+    """The rows still pending and the last checkpoint land together or neither does: the
+    checkpoint is written under its temporary name, the writer closed (every row on disk), then
+    the checkpoint renamed into place. A checkpoint that cannot be written (a full disk) drops
+    the pending rows, so the traces never run ahead of it and ``--resume`` continues after it
+    with nothing missing and nothing twice."""
+    if ckpt is None or engine.next_iteration <= start:
+        engine.writer.close()
+        return
+    try:
+        ckpt.save(engine.state(engine.next_iteration), then=engine.writer.close)
+    except CheckpointError:
+        engine.writer.abandon()
+        raise
 
 
 def resume_segments(resume: dict | None) -> int:

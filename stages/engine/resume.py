@@ -18,6 +18,7 @@ the first state written replaces it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 from bdsgd.stages.errors import CheckpointError
@@ -48,8 +49,11 @@ class Checkpointer:
     def __init__(self, run_dir: Path, segments: int = 0):
         self.run_dir, self.segments = run_dir, segments
 
-    def save(self, state: dict) -> None:
-        """Write ``state`` (its ``log`` the whole iteration log), settled rows into segments."""
+    def save(self, state: dict, then: Callable[[], None] | None = None) -> None:
+        """Write ``state`` (its ``log`` the whole iteration log), settled rows into segments.
+        ``then`` makes what the state counts durable (the trace rows): it runs once the state
+        is on disk under its temporary name, before the rename that makes it the checkpoint, so
+        neither runs ahead of the other."""
         log = state["log"]
         rows = len(log.get("iteration", []))
         done = self.segments * SEGMENT_ROWS
@@ -59,7 +63,7 @@ class Checkpointer:
             self.segments, done = self.segments + 1, done + SEGMENT_ROWS
         tail = {k: v[done:] for k, v in log.items()}
         save_atomic({**state, "log": tail, "log_segments": self.segments},
-                    self.run_dir / STATE_FILE)  # fmt: skip
+                    self.run_dir / STATE_FILE, then)  # fmt: skip
         (self.run_dir / LEGACY_STATE_FILE).unlink(missing_ok=True)  # (superseded: ours)
 
 

@@ -7,6 +7,8 @@ import torch
 from bdsgd.stages.errors import CheckpointError
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
+from tests.full_disk import Disk
+
 
 class Payload:  # a class instance: weights_only loading must refuse it
     pass
@@ -45,23 +47,30 @@ def test_failed_write_leaves_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
-def test_a_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
-    """The disk fills up while the new state is written: the old one still loads, unchanged,
-    and no temporary file is left."""
-    path = tmp_path / "server_state.pt"
-    save_atomic({"next_iteration": 25, "x": torch.arange(3.0)}, path)
-    real_save = torch.save
+def test_save_atomic_on_a_full_disk_is_a_checkpoint_error_and_keeps_the_old_file(
+    tmp_path, monkeypatch
+):
+    """The disk fills up while the new state is written: torch.save raises RuntimeError (its
+    zip writer), the error says why, the old state still loads, no temporary file is left."""
+    disk = Disk(tmp_path / "disk", monkeypatch)
+    try:
+        path = disk.path / "state.pt"
+        save_atomic({"x": torch.zeros(4)}, path)
+        disk.fill()
+        with pytest.raises(CheckpointError, match="No space left on device"):
+            save_atomic({"x": torch.zeros(100_000)}, path)
+        assert torch.equal(torch.load(path, weights_only=True)["x"], torch.zeros(4))
+        assert not list(disk.path.glob(".tmp-*"))
+    finally:
+        disk.unmount()
 
-    def full_disk(payload, target):
-        real_save(payload, target)
-        with open(target, "r+b") as fh:  # a partial write, then the error
-            fh.truncate(20)
-        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(CheckpointError, match="cannot write .*No space left on device"):
-        save_atomic({"next_iteration": 50, "x": torch.zeros(3)}, path)
-    monkeypatch.undo()
-    old = load_plain(path, "server checkpoint")
-    assert old["next_iteration"] == 25 and old["x"].tolist() == [0.0, 1.0, 2.0]
-    assert [p.name for p in tmp_path.iterdir()] == ["server_state.pt"]
+def test_save_atomic_does_not_rename_when_then_fails(tmp_path):
+    path = tmp_path / "state.pt"
+
+    def then() -> None:
+        raise CheckpointError("the rows it counts were not written")
+
+    with pytest.raises(CheckpointError, match="not written"):
+        save_atomic({"x": torch.zeros(4)}, path, then)
+    assert list(tmp_path.iterdir()) == []
