@@ -44,6 +44,7 @@ from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.policies.selfcheck import lean_message, self_check_report
 from bdsgd.stages.profile import engine_hosts
+from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
 from bdsgd.stages.safe_load import load_plain
 from bdsgd.stages.store import TraceStore, new_run_id
 from bdsgd.stages.workloads import BUILTIN
@@ -193,7 +194,17 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
         return run_torchrun_worker(cfg.engine_settings("worker"), tr)
     if tr is None:
         check_capacity(cfg.workers, cfg.allow_oversubscribe)
-    state = load_state(cfg.out) if resume else None
+    lock = RunDirLock(cfg.out)  # one run per run directory (a second --resume is refused)
+    try:
+        return train_holding(cfg, resume, lock)
+    finally:
+        lock.release()
+
+
+def train_holding(cfg: TrainConfig, resume: bool, lock: RunDirLock) -> dict:
+    """:func:`run_train` on this machine's engine process, taking ``lock`` before it reads the
+    checkpoint (``resume``) or once it made the run directory."""
+    state = load_state(lock.acquire().path.parent) if resume else None
     run_id = state["run_id"] if state else new_run_id("train")
     engine_cfg = cfg.engine_settings(run_id)  # everything is checked before anything is written
     policy = build_policy(cfg, engine_cfg.hosts)
@@ -201,6 +212,8 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     if state:
         check_resumable(state, cfg, engine_cfg, policy)
     undo = prepare_run_dir(dataclasses.replace(cfg, run_id=run_id)) if not resume else None
+    if undo:
+        lock.acquire()
     undo_store = None
     try:
         undo_store = TraceStore(cfg.traces).check_writable()
@@ -209,6 +222,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
         if undo_store:
             undo_store()  # (no empty trace store is left; first: it may share a new parent)
         if undo and not state_path(cfg.out).exists():
+            lock.release(remove=True)
             undo()  # rejected or interrupted before its first iteration: no run dir is left
         raise
 
@@ -251,7 +265,7 @@ def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory")
     try:
-        holds = out.is_dir() and any(out.iterdir())
+        holds = out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())
     except OSError as exc:  # (unreadable: what it holds cannot be checked)
         raise ConfigError(f"cannot read the run directory {out}: {exc.strerror or exc}") from None
     if not cfg.force and holds:
