@@ -21,6 +21,7 @@ COMMANDS = {
     "simulate": "bdsgd_cli.simulate:simulate",
     "train": "bdsgd_cli.train:train",
     "report": "bdsgd_cli.report:report",
+    "check-traces": "bdsgd_cli.check_traces:check_traces_cmd",
 }
 
 

@@ -120,6 +120,8 @@ skip_bad_files = click.option(
     "--skip-bad-files",
     is_flag=True,
     default=False,
-    help="Leave out trace files that are unreadable or not valid schema v1 (each is named on "
-    "stderr) instead of refusing the store; no file is modified.",
+    help="Leave out trace files that are unreadable, not valid schema v1, hold no row, repeat "
+    "rows of an earlier file or hold an iteration far beyond their run's others (each is named "
+    "on stderr) instead of refusing the store; no file is modified (bdsgd check-traces DIR "
+    "--repair moves them aside).",
 )

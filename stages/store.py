@@ -56,10 +56,14 @@ class TraceStore:
     unreadable or not valid schema v1 (with a note); False refuses it with a hint at
     ``--skip-bad-files``; None (callers without that option) refuses it without one."""
 
-    def __init__(self, path: str | os.PathLike, skip_bad_files: bool | None = None):
+    def __init__(
+        self, path: str | os.PathLike, skip_bad_files: bool | None = None, quiet: bool = False
+    ):
         self.path = Path(path)
         self.skip_bad_files = skip_bad_files
+        self.quiet = quiet  # no note per file left out (the caller reports :attr:`problems`)
         self.skipped: list[Path] = []  # the files left out by the last read
+        self.problems: dict[Path, str] = {}  # why each was left out
 
     # -- writing ---------------------------------------------------------------------------
     def append(self, table: pa.Table | dict) -> Path:
@@ -139,38 +143,50 @@ class TraceStore:
         files = self.files()
         if not files:
             raise TraceError(f"trace store {self.path} holds no trace files")
-        self.skipped = []
+        self.skipped, self.problems = [], {}
         try:
             df = _scan_rows(files, run_id)
             if df.height:
                 validate_values(df.to_arrow(), where=where)
+                check_dense(df)
             return df
         except TraceError:
             pass
-        frames = [f for f in self._good_file_rows(files, run_id) if f.height]
+        kept = [(f, rows) for f, rows in self._good_file_rows(files, run_id) if rows.height]
+        for f, reason in across_files(kept):  # what no single file shows
+            self._bad_file(f, TraceError(f"{f}: {reason}"))
+        frames = [rows for f, rows in kept if f not in self.problems]
         if not frames:
             return _scan_rows([], run_id)
         df = pl.concat(frames, how="diagonal_relaxed")
-        validate_values(df.to_arrow(), where=where)  # what no single file shows: duplicates
+        validate_values(df.to_arrow(), where=where)
         return df
 
-    def _good_file_rows(self, files: list[Path], run_id: str | None) -> list[pl.DataFrame]:
+    def _good_file_rows(
+        self, files: list[Path], run_id: str | None
+    ) -> list[tuple[Path, pl.DataFrame]]:
         """Each file's rows checked on its own; a bad file is refused by name, or skipped."""
         out = []
         for f in files:
             try:
-                out.append(_checked_rows(f, run_id))
+                out.append((f, _checked_rows(f, run_id)))
             except TraceError as exc:
-                if not self.skip_bad_files:
-                    hint = (
-                        " (--skip-bad-files leaves it out)" if self.skip_bad_files is False else ""
-                    )
-                    raise TraceError(f"{exc}{hint}") from None
-                self.skipped.append(f)
-                console.print(
-                    f"[yellow]skipping a bad trace file[/] {escape(str(exc))}", soft_wrap=True
-                )
+                self._bad_file(f, exc)
         return out
+
+    def _bad_file(self, path: Path, exc: TraceError) -> None:
+        """Refuse ``path`` (with how to read without it), or leave it out with a note."""
+        if not self.skip_bad_files:
+            hint = "--skip-bad-files leaves it out; " if self.skip_bad_files is False else ""
+            raise TraceError(
+                f"{exc} ({hint}bdsgd check-traces {self.path} --repair moves it aside)"
+            ) from None
+        self.skipped.append(path)
+        self.problems[path] = str(exc)
+        if not self.quiet:
+            console.print(
+                f"[yellow]skipping a bad trace file[/] {escape(str(exc))}", soft_wrap=True
+            )
 
     def runs(self) -> pl.DataFrame:
         """One row per run: run_id, source, policy, world_size, iterations, rows."""
@@ -204,8 +220,7 @@ class TraceStore:
         if not files:
             raise TraceError(f"trace store {self.path} holds no trace files")
         for f in reversed(files):
-            [frame] = self._good_file_rows([f], None) or [None]
-            if frame is not None and frame.height:
+            for _, frame in self._good_file_rows([f], None):
                 return str(frame["run_id"][-1])
         raise TraceError(f"{self.path}: no rows")
 
@@ -246,6 +261,69 @@ def matrix_rows(run: RunMatrix, policy: str = "full", source: str = "import") ->
 MATRIX_FLOOR = 1 << 24
 """Cells a run's (T x N) matrix may always have; beyond, at most :data:`MATRIX_PER_ROW` per row."""
 MATRIX_PER_ROW = 64
+
+
+def sparse_runs(df: pl.DataFrame) -> list[str]:
+    """The runs whose (T x N) matrix :func:`to_run_matrix` refuses: mostly empty cells."""
+    sizes = df.group_by("run_id").agg(
+        (pl.col("iteration").max() + 1).alias("t"), pl.col("world_size").max().alias("n"), pl.len()
+    )
+    too_big = (pl.col("t") * pl.col("n")) > pl.max_horizontal(
+        pl.lit(MATRIX_FLOOR), pl.col("len") * MATRIX_PER_ROW
+    )
+    return sorted(sizes.filter(too_big)["run_id"].to_list())
+
+
+def check_dense(df: pl.DataFrame) -> None:
+    """Raise when a run's matrix would be mostly empty (a file of it is then named)."""
+    if runs := sparse_runs(df):
+        raise TraceError(f"run {runs[0]!r} is sparse")
+
+
+def across_files(kept: list[tuple[Path, pl.DataFrame]]) -> list[tuple[Path, str]]:
+    """Files that are bad only beside the others, in file order, each with why: a file holding
+    a row an earlier file holds (a copied part file, two runs into one run directory), and the
+    file holding the largest iteration of a run whose matrix would be mostly empty (an
+    iteration far beyond the others). Leaving these out leaves a readable store."""
+    if not kept:
+        return []
+    keys = pl.concat(
+        [rows.select("run_id", "iteration", "worker").with_columns(file=pl.lit(k))
+         for k, (_, rows) in enumerate(kept)]
+    )  # fmt: skip
+    first = keys.group_by("run_id", "iteration", "worker").agg(pl.col("file").min().alias("first"))
+    repeats = keys.join(first, on=["run_id", "iteration", "worker"]).filter(
+        pl.col("file") > pl.col("first")
+    )
+    bad: dict[int, str] = {}
+    for row in repeats.unique("file", keep="first", maintain_order=True).iter_rows(named=True):
+        bad[row["file"]] = (
+            f"repeats the row run_id={row['run_id']!r} iteration={row['iteration']} "
+            f"worker={row['worker']} of {kept[row['first']][0].name}"
+        )
+    rest = [(k, rows) for k, (_, rows) in enumerate(kept) if k not in bad]
+    bad.update(_sparse_holders(rest))
+    return [(kept[k][0], bad[k]) for k in sorted(bad)]
+
+
+def _sparse_holders(kept: list[tuple[int, pl.DataFrame]]) -> dict[int, str]:
+    """For each sparse run, the file holding its largest iteration, until no run is sparse."""
+    bad: dict[int, str] = {}
+    while kept:
+        df = pl.concat(
+            [rows.select("run_id", "iteration", "world_size").with_columns(file=pl.lit(k))
+             for k, rows in kept]
+        )  # fmt: skip
+        runs = sparse_runs(df)
+        if not runs:
+            return bad
+        last = df.filter(pl.col("run_id") == runs[0]).sort("iteration").tail(1).row(0, named=True)
+        bad[last["file"]] = (
+            f"iteration {last['iteration']} of run {runs[0]!r} lies far beyond the run's other "
+            "rows (its iterations x world size would be mostly empty cells)"
+        )
+        kept = [(k, rows) for k, rows in kept if k != last["file"]]
+    return bad
 
 
 def to_run_matrix(df: pl.DataFrame) -> RunMatrix:
@@ -296,7 +374,7 @@ def _scan_rows(files: list[Path], run_id: str | None) -> pl.DataFrame:
     """Every file's rows in one scan (only ``run_id``'s, when given), each file's schema
     checked; diagonally, so an extra column only some files have is kept, null elsewhere."""
     for f in files:
-        validate_schema(_read_schema(f), where=str(f))
+        _checked_footer(f)
     if not files:
         return pl.DataFrame(schema={"run_id": pl.String})
     scan = pl.concat([pl.scan_parquet(str(f)) for f in files], how="diagonal_relaxed")
@@ -309,7 +387,7 @@ def _scan_rows(files: list[Path], run_id: str | None) -> pl.DataFrame:
 def _checked_rows(path: Path, run_id: str | None) -> pl.DataFrame:
     """A file's rows (only ``run_id``'s, when given), schema and values checked, errors naming
     the file."""
-    validate_schema(_read_schema(path), where=str(path))
+    _checked_footer(path)
     try:
         scan = pl.scan_parquet(str(path))
         df = (scan.filter(pl.col("run_id") == run_id) if run_id is not None else scan).collect()
@@ -320,11 +398,25 @@ def _checked_rows(path: Path, run_id: str | None) -> pl.DataFrame:
     return df
 
 
-def _read_schema(path: Path) -> pa.Schema:
+def _read_footer(path: Path) -> tuple[pa.Schema, int]:
+    """A file's schema and row count, from its footer alone."""
     try:
-        return pq.read_schema(path)
+        parquet = pq.ParquetFile(path)
+        return parquet.schema_arrow, parquet.metadata.num_rows
     except (pa.ArrowException, OSError) as exc:
         raise TraceError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+
+
+def _checked_footer(path: Path) -> None:
+    """The file's schema is v1 and it holds a row."""
+    schema, rows = _read_footer(path)
+    validate_schema(schema, where=str(path))
+    if rows == 0:
+        raise TraceError(f"{path}: no rows (a trace file holds at least one)")
+
+
+def _read_schema(path: Path) -> pa.Schema:
+    return _read_footer(path)[0]
 
 
 class TraceWriter:
