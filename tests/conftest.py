@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 
@@ -35,3 +37,14 @@ def make_trace_rows(
 def trace_rows():
     """The :func:`make_trace_rows` builder, for tests that take fixtures."""
     return make_trace_rows
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """Every test starts with Python's own SIGINT handler, whatever disposition pytest inherited
+    (a background job of a non-interactive shell, ``nohup`` or a CI runner starts with SIGINT
+    ignored): a test that sends this process a Ctrl-C depends on it. The disposition found is
+    restored after the test."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

@@ -7,7 +7,7 @@ import pytest
 from bdsgd.stages.run_lock import LOCK_FILE
 
 from tests.cli.test_profile_cli import bdsgd
-from tests.cli.test_train_cli import kill_session, running, start_train, wait_until
+from tests.cli.test_train_cli import STARTUP_S, kill_session, running, start_train, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,8 +20,8 @@ def test_a_second_resume_of_a_running_run_dir_is_refused(tmp_path):
     proc = start_train(tmp_path, iterations=10**9)
     lock = tmp_path / "run" / LOCK_FILE
     try:
-        # (bounded by the test's timeout alone: start-up takes what the machine needs)
-        wait_until(lambda: holds_lock(lock, proc.pid) or proc.poll() is not None, 280, "a lock")
+        wait_until(lambda: holds_lock(lock, proc.pid) or proc.poll() is not None, STARTUP_S,
+                   "the run's lock")  # fmt: skip
         assert proc.poll() is None, proc.communicate()[1]
         done = bdsgd("train", "--resume", str(tmp_path / "run"), timeout=120)
         assert done.returncode == 2, done.stderr

@@ -280,6 +280,20 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+STARTUP_S = 240.0
+"""How long a started train may take to write its first checkpoint: start-up takes what the
+machine needs (importing torch in every worker took over 10 s on a loaded 2-core machine), so
+only the test's own timeout (300 s) bounds it."""
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path) -> None:
+    """Until the run's first checkpoint is written (or the run ended: the test then fails on
+    what it says)."""
+    path = run_dir / STATE_FILE
+    wait_until(lambda: path.exists() or proc.poll() is not None, STARTUP_S, "a checkpoint")
+    assert path.exists(), f"the run ended before its first checkpoint: {proc.communicate()[1]}"
+
+
 def start_train(
     tmp: Path,
     iterations: int,
@@ -287,7 +301,8 @@ def start_train(
     stragglers: str | None = None,
     sigint_ignored: bool = False,
 ) -> subprocess.Popen:
-    """``sigint_ignored``: as a shell script starts a background job (``bdsgd train ... &``)."""
+    """``sigint_ignored``: as a shell script starts a background job (``bdsgd train ... &``);
+    otherwise SIGINT has its default disposition, whatever pytest's is."""
     if stragglers is None:
         stragglers = f"replay:{write_replay_trace(tmp / 'replay', [[0.02, 0.01, 0.015]])}"
     return subprocess.Popen(
@@ -315,10 +330,15 @@ def start_train(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        if sigint_ignored
-        else None,
+        preexec_fn=sigint_disposition(signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),
     )
+
+
+def sigint_disposition(disposition):
+    """What sets SIGINT's disposition in a started process (it would inherit pytest's, ignored
+    where pytest runs as a background job): SIG_DFL, so a Ctrl-C raises KeyboardInterrupt in
+    Python, or SIG_IGN, as a shell script's background job starts."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
 
 
 def kill_session(proc: subprocess.Popen) -> None:
@@ -342,7 +362,7 @@ def interrupt_train(
     proc = start_train(tmp, iterations=iterations, policy=policy, stragglers=stragglers,
                        sigint_ignored=sigint_ignored)  # fmt: skip
     try:
-        wait_until(lambda: (tmp / "run" / STATE_FILE).exists(), 60, "a checkpoint")
+        wait_for_checkpoint(proc, tmp / "run")
         workers = [p for p in children_of(proc.pid) if running(p)]
         os.killpg(proc.pid, signum)
         _, stderr = proc.communicate(timeout=30)
@@ -360,7 +380,7 @@ def test_a_default_train_listens_on_loopback_alone(tmp_path):
     """The control store and every gloo socket of the server and its workers, while they run."""
     proc = start_train(tmp_path, iterations=400)
     try:
-        wait_until(lambda: (tmp_path / "run" / STATE_FILE).exists(), 60, "a checkpoint")
+        wait_for_checkpoint(proc, tmp_path / "run")
         pids = session_of(proc.pid)
         listening = listening_addresses(pids)
     finally:
@@ -408,7 +428,7 @@ def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped
 def test_resume_after_the_server_is_killed(tmp_path):
     proc = start_train(tmp_path, iterations=80)
     try:
-        wait_until(lambda: (tmp_path / "run" / STATE_FILE).exists(), 60, "a checkpoint")
+        wait_for_checkpoint(proc, tmp_path / "run")
         workers = [p for p in children_of(proc.pid) if running(p)]
         assert len(workers) >= 3
         proc.send_signal(signal.SIGKILL)
@@ -437,7 +457,7 @@ def test_resume_of_a_learning_policy_continues_warm(tmp_path):
     replay = write_replay_trace(tmp_path / "replay", [[0.01, 0.01, 0.5]])
     proc = start_train(tmp_path, iterations=60, policy="ewma", stragglers=f"replay:{replay}")
     try:
-        wait_until(lambda: (tmp_path / "run" / STATE_FILE).exists(), 60, "a checkpoint")
+        wait_for_checkpoint(proc, tmp_path / "run")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:

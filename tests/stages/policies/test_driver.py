@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.launch import run_engine
+from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
@@ -79,15 +80,34 @@ def test_a_policy_that_waits_is_not_asked_again_once_the_last_worker_arrives():
     assert policy.asked == [0.1, 0.15, 0.2, 0.3]  # ticks before 0.5; the last arrival ends it
 
 
-RACE_S = 0.01  # a tick this close after an arrival may be seen before the arrival's ticket
+def late_admissions(monkeypatch) -> dict[int, int]:
+    """Per iteration, how many workers the engine admitted as it closed the iteration, after
+    the policy had ended it: each finished before the cut but took its ticket after the engine
+    last looked (how long that takes depends on the machine's load: CI saw 1 ms, a loaded
+    2-core machine tens). The simulator, which knows every run-time, takes such an arrival
+    before the cut and may decide otherwise; the policies' states part there."""
+    late: dict[int, int] = {}
+    close = SyncEngine.close
+
+    def counted(self, t, reports, ticket):
+        before = len(reports)
+        close(self, t, reports, ticket)
+        late[t] = len(reports) - before
+
+    monkeypatch.setattr(SyncEngine, "close", counted)
+    return late
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine", ["collective", "ps"])
-def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_path, engine):
+def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(
+    tmp_path, engine, monkeypatch
+):
     """Fit a tiny model, train 4 real workers with online bdsgd on a replayed cluster, then feed
     the arrivals the engine recorded (in its ticket order) through the simulator's driver with
-    the same policy: same c and same censoring (values included) every iteration."""
+    the same policy: same c and same censoring (values included) every iteration, up to the
+    first one where a worker's ticket raced the cut (:func:`late_admissions`), which no replay
+    can reproduce."""
     cluster = SyntheticCluster(base_s=0.05, hosts=2, p_slow=0.05, seed=3)
     profile = write_replay_trace(tmp_path / "profile", cluster.delays(120, 4).tolist())
     ckpt = tmp_path / "m.pt"
@@ -102,12 +122,15 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_p
     def policy():
         return make_policy("bdsgd", 4, ckpt, list(cfg.hosts), seed=5, overhead_s=0.0)
 
+    late = late_admissions(monkeypatch)
     result = run_engine(cfg, policy(), tmp_path / "traces", lambda t, r: None)
     rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
     replayed = policy()
     driver = IterationDriver(replayed, 4)
-    cs, ticked = [], 0
+    cs = []
     for t in range(cfg.iterations):
+        if late.get(t):
+            break
         it = rows.filter(pl.col("iteration") == t)
         censored = it["censored"].to_numpy()
         runtimes = np.where(censored, np.inf, it["runtime_s"].to_numpy())
@@ -120,14 +143,8 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(tmp_p
         recorded = it["runtime_s"].to_numpy()
         assert np.array_equal(out.runtimes[~censored], recorded[~censored])
         # censored at the cut: an arrival's run-time, or a tick, which the engine asks at the
-        # tick's own time as the simulator does (so no earlier than the simulator). Except where a tick and an
-        # arrival came within a ticket's latency (CI saw 1 ms): the engine reads a ticket taken
-        # by the tick first, but a worker that finished just before it and had not taken its
-        # ticket yet is read after the policy cut at the tick, and admitted as the engine
-        # closes (the simulator took the arrival first and cut at a later tick); its cut is
-        # then within RACE_S of the last admitted run-time
-        raced = recorded[censored].max(initial=0.0) - recorded[~censored].max() < RACE_S
-        assert np.all(recorded[censored] >= out.runtimes[censored]) or raced
-        ticked += out.cut_s > max(out.runtimes[~censored], default=0.0)
+        # tick's own time as the simulator does (so no earlier than the simulator)
+        assert np.all(recorded[censored] >= out.runtimes[censored]), t
         cs.append(out.c)
-    assert len(set(cs)) > 1 or cs[0] < 4  # bdsgd did cut: the comparison is not all-full
+    assert len(cs) == cfg.iterations or late  # every iteration compared, unless one raced
+    assert not cs or len(set(cs)) > 1 or cs[0] < 4  # bdsgd did cut: not all-full
