@@ -50,7 +50,8 @@ host = click.option(
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address the server binds to (loopback unless you name one).",
+    help="Address the server binds to (loopback unless you name one; 0.0.0.0: the control "
+    "store listens on every interface, the workers reach it and bind gloo on loopback).",
 )
 timeout = click.option(
     "--timeout",

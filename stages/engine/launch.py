@@ -89,6 +89,7 @@ def run_engine(
         c10d = P.open_store(tr.addr, tr.port, not tr.agent_store, cfg.timeout_s)
     else:
         c10d = P.open_store(cfg.host, 0, True, cfg.timeout_s)
+        cfg = dataclasses.replace(cfg, host=advertised_host(cfg.host))
     start = int(resume["next_iteration"]) if resume else 0
     workload = load_workload(cfg.workload, seed=cfg.seed)
     if kind == "collective":
@@ -180,10 +181,21 @@ class Torchrun:
 
     def server_config(self, cfg: EngineConfig) -> EngineConfig:
         """Other machines must reach rank 0's sockets (the parameter server's gloo group):
-        loopback becomes this host."""
+        loopback, or a wildcard (which gloo cannot bind), becomes this host's address."""
         self.check(cfg.workers)
-        host = default_bind_host() if cfg.host == "127.0.0.1" else cfg.host
+        host = default_bind_host() if cfg.host in ("127.0.0.1", *WILDCARDS) else cfg.host
         return dataclasses.replace(cfg, host=host)
+
+
+WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+"""``--host`` values that mean every interface, and the address the workers of one machine
+reach such a store at (gloo binds a concrete interface, never a wildcard)."""
+
+
+def advertised_host(host: str) -> str:
+    """Where the spawned workers reach the control store and what every gloo socket binds:
+    ``host``, or for a wildcard (the store listens on every interface) loopback."""
+    return WILDCARDS.get(host, host)
 
 
 def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
