@@ -132,20 +132,27 @@ def _check_runtimes(table: pa.Table, where: str) -> None:
 
 def _check_workers(table: pa.Table, where: str) -> None:
     world, worker = table["world_size"], table["worker"]
-    if pc.any(pc.less(world, 1)).as_py():
-        raise TraceError(f"{where}: world_size must be >= 1")
+    if pc.any(small := pc.less(world, 1)).as_py():
+        row = pc.index(small, True).as_py()
+        raise TraceError(f"{where}: world_size must be >= 1, got {world[row].as_py()} at row {row}")
     if (largest := pc.max(world).as_py()) > MAX_WORLD_SIZE:
-        raise TraceError(f"{where}: world_size {largest} is above {MAX_WORLD_SIZE}")
+        row = pc.index(world, largest).as_py()
+        raise TraceError(f"{where}: world_size {largest} is above {MAX_WORLD_SIZE} at row {row}")
     out = pc.or_(pc.less(worker, 0), pc.greater_equal(worker, world))
     if pc.any(out).as_py():
         row = pc.index(out, True).as_py()
         raise TraceError(
             f"{where}: worker {worker[row].as_py()} outside 0..{world[row].as_py() - 1} at row {row}"
         )
-    if pc.any(pc.less(table["iteration"], 0)).as_py():
-        raise TraceError(f"{where}: iteration must be >= 0")
-    if (last := pc.max(table["iteration"]).as_py()) > MAX_ITERATION:
-        raise TraceError(f"{where}: iteration {last} is above {MAX_ITERATION}")
+    iteration = table["iteration"]
+    if pc.any(negative := pc.less(iteration, 0)).as_py():
+        row = pc.index(negative, True).as_py()
+        raise TraceError(
+            f"{where}: iteration must be >= 0, got {iteration[row].as_py()} at row {row}"
+        )
+    if (last := pc.max(iteration).as_py()) > MAX_ITERATION:
+        row = pc.index(iteration, last).as_py()
+        raise TraceError(f"{where}: iteration {last} is above {MAX_ITERATION} at row {row}")
 
 
 def _check_unique(table: pa.Table, where: str) -> None:
@@ -153,7 +160,13 @@ def _check_unique(table: pa.Table, where: str) -> None:
     counts = keys.group_by(["run_id", "iteration", "worker"]).aggregate([([], "count_all")])
     if counts.num_rows != table.num_rows:
         dup = counts.filter(pc.greater(counts["count_all"], 1)).slice(0, 1).to_pylist()[0]
+        same = pc.and_(
+            pc.and_(pc.equal(keys["run_id"], dup["run_id"]),
+                    pc.equal(keys["iteration"], dup["iteration"])),
+            pc.equal(keys["worker"], dup["worker"]),
+        )  # fmt: skip
+        rows = pc.indices_nonzero(same).to_pylist()[:2]
         raise TraceError(
             f"{where}: duplicate row for run_id={dup['run_id']!r} "
-            f"iteration={dup['iteration']} worker={dup['worker']}"
+            f"iteration={dup['iteration']} worker={dup['worker']} (rows {rows[0]} and {rows[1]})"
         )

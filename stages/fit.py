@@ -14,6 +14,7 @@ with a note: their rows count each worker's own computations, not iterations beg
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ class FitConfig:
     of refusing the store; the files are never modified."""
 
     def __post_init__(self) -> None:
+        cpus = os.cpu_count() or 1
         checks = {
             "steps must be >= 1": self.steps >= 1,
             "window must be >= 2": self.window >= 2,
@@ -102,7 +104,7 @@ class FitConfig:
             ),
             "unknown_p must be in [0, 1)": 0.0 <= self.unknown_p < 1.0,
             "eval_samples must be >= 1": self.eval_samples >= 1,
-            "threads must be >= 1": self.threads >= 1,
+            f"--threads must be in 1..{cpus} (this machine's CPUs)": 1 <= self.threads <= cpus,
         }
         for message, ok in checks.items():
             if not ok:

@@ -166,6 +166,8 @@ def build_rows(raw: pl.DataFrame, mapping: dict[str, str], config: ImportConfig)
     """The eleven schema columns, typed, defaults filled, in the log's row order (so a row number
     in an error is the log's data row, counting from 0)."""
     n = raw.height
+    for schema_col in ("iteration", "worker", "runtime_s"):
+        _required(raw, mapping[schema_col])
     cols = {
         "run_id": _run_ids(raw, mapping, config),
         "iteration": _integers(raw, mapping["iteration"]),
@@ -229,11 +231,24 @@ def _floats(raw: pl.DataFrame, col: str) -> pl.Series:
 
 def _integers(raw: pl.DataFrame, col: str) -> pl.Series:
     values = _floats(raw, col)
-    whole = values.is_null() | (values.is_finite() & (values == values.floor()))
+    whole = values.is_null() | (
+        values.is_finite() & (values == values.floor()) & (values.abs() < 2.0**62)
+    )
     if not whole.all():
-        bad = values.filter(~whole)[0]
-        raise TraceError(f"column {col!r} must hold whole numbers, got {bad}")
+        row = _first(~whole)
+        raise TraceError(f"column {col!r} must hold whole numbers, got {values[row]} at row {row}")
     return values.cast(pl.Int64)
+
+
+def _first(mask: pl.Series) -> int:
+    """The first row where ``mask`` holds (the log's data rows, from 0)."""
+    return int(mask.arg_true()[0])
+
+
+def _required(raw: pl.DataFrame, col: str) -> None:
+    """A column every row needs (iteration, worker, run-time) has no empty cell."""
+    if raw[col].null_count():
+        raise TraceError(f"column {col!r} is empty at row {_first(raw[col].is_null())}")
 
 
 def _strings(raw: pl.DataFrame, col: str) -> pl.Series:
@@ -248,7 +263,8 @@ def _bools(raw: pl.DataFrame, col: str) -> pl.Series:
     allowed = {"true": True, "false": False, "1": True, "0": False}
     bad = text.filter(text.is_not_null() & ~text.is_in(list(allowed)))
     if bad.len():
-        raise TraceError(f"column {col!r} must hold true/false or 1/0, got {bad[0]!r}")
+        row = _first(text.is_not_null() & ~text.is_in(list(allowed)))
+        raise TraceError(f"column {col!r} must hold true/false or 1/0, got {bad[0]!r} at row {row}")
     return text.replace_strict(allowed, default=None, return_dtype=pl.Boolean)
 
 
@@ -258,7 +274,8 @@ def _cast(series: pl.Series, dtype: pl.DataType, col: str, what: str) -> pl.Seri
     cast = series.cast(dtype, strict=False)
     failed = cast.is_null() & series.is_not_null()
     if failed.any():
-        raise TraceError(f"column {col!r} must hold {what}, got {series.filter(failed)[0]!r}")
+        row = _first(failed)
+        raise TraceError(f"column {col!r} must hold {what}, got {series[row]!r} at row {row}")
     return cast
 
 

@@ -65,8 +65,7 @@ class ProfileConfig:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.iterations < 1:
             raise ConfigError(f"--iterations must be >= 1, got {self.iterations}")
-        if self.batch_size < 1 or self.micro_batches < 1 or self.batch_size < self.micro_batches:
-            raise ConfigError("--batch-size must be >= 1 and at least the number of micro-batches")
+        check_micro_batches(self.batch_size, self.micro_batches)
         for flag, value in (
             ("--timeout", self.timeout_s),
             ("--start-timeout", self.start_timeout_s),
@@ -81,6 +80,18 @@ class ProfileResult:
     rows: int
     traces: Path
     per_worker: pl.DataFrame
+
+
+def check_micro_batches(batch_size: int, micro_batches: int) -> None:
+    """One line naming the flag that is wrong: ``--micro-batches`` >= 1, ``--batch-size`` at
+    least that many samples (each micro-batch holds one or more)."""
+    if micro_batches < 1:
+        raise ConfigError(f"--micro-batches must be >= 1, got {micro_batches}")
+    if batch_size < micro_batches:
+        raise ConfigError(
+            f"--batch-size {batch_size} is smaller than --micro-batches {micro_batches}: each "
+            "micro-batch needs at least one sample"
+        )
 
 
 def engine_hosts(stragglers: str, seed: int, time_scale: float, workers: int) -> tuple[str, ...]:

@@ -35,7 +35,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
-from bdsgd.schemas.run_dir import check_output_dir, read_run_dir, write_atomic  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from bdsgd.schemas.run_dir import (  # noqa: E402
+    check_output_dir,
+    iterations_table,
+    read_run_dir,
+    write_atomic,
+)
 from bdsgd.stages.errors import BdsgdError, ConfigError  # noqa: E402
 from bdsgd.stages.store import RunMatrix, read_trace_path, to_run_matrix  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
@@ -106,11 +112,43 @@ class Series:
 
 # -- reading ----------------------------------------------------------------------------------
 def load_run(path: Path, warnings: list[str]) -> Run:
-    """Read a run directory and, if reachable, the worker traces it points to."""
-    summary, table = read_run_dir(path)
+    """Read a run directory and, if reachable, the worker traces it points to. A train run that
+    was killed (no summary.json yet) is read from its last checkpoint, with a warning."""
+    try:
+        summary, table = read_run_dir(path)
+    except BdsgdError:
+        if not any((path / name).is_file() for name in CHECKPOINTS):
+            raise
+        summary, table = killed_run(path)
+        warnings.append(
+            f"{path}: a train run that did not finish (no summary.json): its "
+            f"{table.num_rows} iterations up to its last checkpoint are reported"
+        )
     rows = pl.from_arrow(table)  # policies keep the order the run wrote them in
     name = path.resolve().name or str(path)
     return Run(path, name, summary, rows, _load_matrix(path, summary, warnings))
+
+
+CHECKPOINTS = ("engine_state.pt", "server_state.pt")  # (bdsgd.stages.engine.resume's names)
+
+
+def killed_run(path: Path) -> tuple[dict, pa.Table]:
+    """A killed train run's summary (what its config says) and iteration log (its checkpoint's,
+    read with ``weights_only``)."""
+    from bdsgd.stages.train import CONFIG_FILE, load_state  # (torch: only for a killed run)
+
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    state = load_state(path)
+    table = iterations_table(state["log"]) if state["log"].get("iteration") else None
+    if table is None:
+        raise BdsgdError(f"{path}: the run has no iterations")
+    summary = {"kind": "train", "run_id": state.get("run_id"), "interrupted": True}
+    summary |= {k: config[k] for k in ("traces", "policy", "target_loss") if k in config}
+    return summary, table
 
 
 def _load_matrix(path: Path, summary: dict, warnings: list[str]) -> RunMatrix | None:

@@ -65,6 +65,9 @@ RUN_DIR_COLUMNS = (
 )
 
 
+MAX_SAMPLE = 1_000_000  # --sample iterations at most (about 1 ms each to draw, on one core)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimulateConfig:
     """What ``bdsgd simulate`` replays and through which policies."""
@@ -107,6 +110,11 @@ class SimulateConfig:
             raise ConfigError("simulate needs either --traces DIR or --sample T --checkpoint FILE")
         if self.sample is not None and (self.sample < 1 or self.checkpoint is None):
             raise ConfigError("--sample T needs T >= 1 and --checkpoint FILE")
+        if self.sample is not None and self.sample > MAX_SAMPLE:
+            raise ConfigError(
+                f"--sample {self.sample} is above {MAX_SAMPLE:,} iterations (each is drawn from "
+                "the model one at a time, then replayed through every policy)"
+            )
         if not 0.0 <= self.from_frac < 1.0:
             raise ConfigError(f"--from-frac must be in [0, 1), got {self.from_frac}")
         if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):

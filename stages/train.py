@@ -43,7 +43,7 @@ from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.policies.selfcheck import lean_message, self_check_report
-from bdsgd.stages.profile import engine_hosts
+from bdsgd.stages.profile import check_micro_batches, engine_hosts
 from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
 from bdsgd.stages.safe_load import load_plain
 from bdsgd.stages.store import TraceStore, new_run_id
@@ -147,8 +147,7 @@ class TrainConfig:
             raise ConfigError("record_batch and eval_every must be >= 1")
         if not (math.isfinite(self.record_s) and self.record_s >= 0):
             raise ConfigError(f"record_s must be a finite number >= 0, got {self.record_s}")
-        if self.batch_size < self.micro_batches or self.micro_batches < 1:
-            raise ConfigError("--batch-size must be at least the number of micro-batches")
+        check_micro_batches(self.batch_size, self.micro_batches)
         if not 0.0 <= self.explore < 1.0:
             raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
         if self.stop_at_target and self.target_loss is None:

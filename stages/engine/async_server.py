@@ -186,14 +186,14 @@ class AsyncServer(Engine):
         if self.next_iteration < self.cfg.iterations:
             self.restart(np.flatnonzero(self.live))  # everyone begins its first computation
 
-    def declare_dead(self, workers) -> None:
+    def declare_dead(self, workers, cause: str = "") -> None:
         if self.finishing:  # the run is over: exclude, never abort
             for w in map(int, workers):
                 if self.live[w]:
                     self.live[w] = False
                     self.on_dead([w])
             return
-        super().declare_dead(workers)
+        super().declare_dead(workers, cause)
 
     def on_dead(self, workers: list[int]) -> None:
         """A computation under way is written censored at its time so far."""

@@ -122,6 +122,13 @@ class IterationLog:
             self.rows.setdefault(k, []).append(v)
 
 
+EXITED = "ended (a worker's own error is on its line above: bdsgd worker <k>: ...)"
+HUNG = (
+    "sent nothing within --timeout (an injected delay or a computation longer than --timeout, "
+    "or a worker that hung)"
+)
+
+
 class StopRun(Exception):
     """Raised by a run's ``on_iteration`` callback to end the run after that iteration (a
     wall-clock budget spent, a target loss reached): the engine stops as it does at the last
@@ -242,11 +249,12 @@ class Engine(abc.ABC):
         """Mark workers whose process ended as dead; True if any newly died."""
         newly = [int(w) for w in np.flatnonzero(self.live) if not self.alive(int(w))]
         if newly:
-            self.declare_dead(newly)
+            self.declare_dead(newly, EXITED)
         return bool(newly)
 
-    def declare_dead(self, workers) -> None:
-        """Exclude ``workers`` from now on; fewer than ``--min-workers`` left ends the run."""
+    def declare_dead(self, workers, cause: str = "") -> None:
+        """Exclude ``workers`` from now on; fewer than ``--min-workers`` left ends the run, with
+        ``cause`` (why they are dead) in the message."""
         newly = [int(w) for w in workers if self.live[int(w)]]
         for w in newly:
             self.live[w] = False
@@ -254,9 +262,10 @@ class Engine(abc.ABC):
         if newly:
             self.on_dead(newly)
         if self.live.sum() < self.cfg.min_workers:
+            why = f": worker(s) {', '.join(map(str, newly))} {cause}" if newly and cause else ""
             raise WorkerError(
                 f"only {int(self.live.sum())} worker(s) left, fewer than --min-workers "
-                f"{self.cfg.min_workers}"
+                f"{self.cfg.min_workers}{why}"
             )
 
     def on_dead(self, workers: list[int]) -> None:  # noqa: B027 (a hook, empty by default)

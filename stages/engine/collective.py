@@ -43,7 +43,7 @@ import time
 import numpy as np
 import torch
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.base import interrupts_deferred
+from bdsgd.stages.engine.base import HUNG, interrupts_deferred
 from bdsgd.stages.engine.config import scaled_lr
 from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.engine.worker_report import WorkerReport
@@ -347,7 +347,7 @@ class Coordinator(SyncEngine):
                 break
             time.sleep(0.05)
         hung = members - self.failed_members()
-        self.declare_dead(sorted(hung))
+        self.declare_dead(sorted(hung), HUNG)
         if not hung:  # a failure nobody caused (a network blip): rebuild all the same
             self.on_dead([])
 

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.base import Engine, interrupt_held, interrupts_deferred
+from bdsgd.stages.engine.base import HUNG, Engine, interrupt_held, interrupts_deferred
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.goodput import NoiseScale
 from bdsgd.stages.policies.driver import IterationDriver, Outcome
@@ -301,7 +301,7 @@ class SyncEngine(Engine):
             k += 1
         holders = np.zeros_like(self.live)
         holders[later] = True
-        self.declare_dead(np.flatnonzero(self.live & ~self.driver.arrived & ~holders))
+        self.declare_dead(np.flatnonzero(self.live & ~self.driver.arrived & ~holders), HUNG)
         return False if later else None
 
     def poll(self) -> None:

@@ -71,3 +71,21 @@ def test_report_refuses_a_foreign_out_in_one_line_and_rewrites_its_own(tmp_path)
     for _ in range(2):  # the second run rewrites the first one's directory
         result = CliRunner().invoke(cli, ["report", str(run), "--out", str(out)])
         assert result.exit_code == 0, result.output
+
+
+def test_report_on_a_killed_train_run_reports_its_checkpointed_iterations(tmp_path):
+    """A killed run's directory: config.json, server_state.pt and log/, no summary.json."""
+    from bdsgd.stages.engine.resume import Checkpointer
+
+    run = tmp_path / "killed"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"policy": "static:3", "traces": "nowhere"}))
+    log = {"policy": ["static:3"] * 7, "iteration": list(range(7)), "wall_s": [0.1] * 7,
+           "iteration_s": [0.1] * 7, "c": [3] * 7, "workers": [4] * 7, "decision_ms": [0.0] * 7,
+           "order": [[0, 1, 2]] * 7}  # fmt: skip
+    Checkpointer(run).save({"version": 3, "run_id": "r", "next_iteration": 7, "log": log})
+    result = CliRunner().invoke(cli, ["report", str(run), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert "did not finish" in result.stderr and "7 iterations" in result.stderr
+    index = (tmp_path / "r" / "index.md").read_text()
+    assert "train run, 4 workers, 7 iterations" in index

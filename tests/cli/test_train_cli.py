@@ -205,6 +205,8 @@ def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_p
     assert {line.split(":")[0] for line in workers} <= {"bdsgd worker 0", "bdsgd worker 1"}
     assert all("RuntimeError: mat1 and mat2 shapes cannot be multiplied" in w for w in workers)
     assert lines[-1].startswith("error:") and len(lines) <= len(workers) + 2  # + progress
+    if "worker(s) left" in lines[-1]:  # names why: here the workers' processes ended
+        assert "worker(s) " in lines[-1].split("--min-workers")[1], lines[-1]
 
 
 def test_a_finished_run_is_not_resumed_and_keeps_its_results(slow_worker_train):

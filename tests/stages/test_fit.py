@@ -41,8 +41,9 @@ def _config(tmp_path: Path, **kwargs) -> FitConfig:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("steps", 0), ("window", 1), ("batch", 0), ("lr", 0.0), ("holdout", 0.95), ("unknown_p", 1.0)],
-)
+    [("steps", 0), ("window", 1), ("batch", 0), ("lr", 0.0), ("holdout", 0.95), ("unknown_p", 1.0),
+     ("threads", 0), ("threads", 100_000)],
+)  # fmt: skip
 def test_bad_config_values_are_config_errors(tmp_path, field, value):
     with pytest.raises(ConfigError, match=field):
         _config(tmp_path, **{field: value})

@@ -235,6 +235,8 @@ def test_config_checks():
         SimulateConfig(traces=Path("t"), from_frac=1.0)
     with pytest.raises(ConfigError, match="--sample T needs T >= 1 and --checkpoint FILE"):
         SimulateConfig(sample=10)
+    with pytest.raises(ConfigError, match="--sample 1000000000 is above 1,000,000 iterations"):
+        SimulateConfig(sample=10**9, checkpoint=Path("m.pt"))
     with pytest.raises(ConfigError, match="--overhead-s must be a finite number >= 0, got -1.0"):
         SimulateConfig(traces=Path("t"), overhead_s=-1.0)
     with pytest.raises(ConfigError, match="--explore"):

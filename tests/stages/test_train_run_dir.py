@@ -125,6 +125,8 @@ def test_a_tampered_config_is_one_error(tmp_path, content):
         (dict(timeout_s=float("nan")), "--timeout must be a finite number"),
         (dict(timeout_s=float("inf")), "--timeout must be a finite number"),
         (dict(lr=float("nan")), "--lr must be a finite number"),
+        (dict(micro_batches=0), "--micro-batches must be >= 1, got 0"),
+        (dict(batch_size=2, micro_batches=4), "--batch-size 2 is smaller than --micro-batches 4"),
     ],
 )
 def test_non_finite_numbers_are_refused(tmp_path, bad, needle):
