@@ -126,6 +126,14 @@ def spec_json(summary: dict) -> dict:
     }
 
 
+COLUMNS_EXPLAINED = (
+    "[dim]grad/s: gradients applied per second; vs oracle: that over the oracle's on the same "
+    "run-times; mean c: gradients applied per iteration; ms p50, ms p99: time to choose c, median "
+    "and 99th percentile; idle: share of worker-seconds waiting or computing dropped gradients; "
+    "stale: updates between a gradient's read and its application (asynchronous policies).[/]"
+)
+
+
 def print_ranking(summary: dict) -> None:
     """A rich table on stderr, best throughput (with --noise-scale: goodput) first, naming the
     best cutoff policy."""
@@ -156,6 +164,7 @@ def print_ranking(summary: dict) -> None:
             f"{m['mean_staleness']:.1f}",
         )
     console.print(table)
+    console.print(COLUMNS_EXPLAINED + (" goodput: gain(c) per second." if goodput else ""))
     console.print(f"best cutoff policy for this cluster: [bold]{summary['best']}[/bold]")
     if goodput:
         console.print(f"most progress per second (goodput): [bold]{summary['best_goodput']}[/bold]")

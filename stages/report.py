@@ -4,7 +4,7 @@ A run directory (``schemas/run_dir.py``) holds ``summary.json`` and ``iterations
 train run holds one policy, a simulate run several. Every (run, policy) pair is one *series*, and
 every plot overlays all series, so runs of different policies compare on the same axes:
 
-    cutoff.png      c and the number of live workers over iterations
+    cutoff.png      c and the number of live workers over iterations (asynchronous: updates)
     noise_scale.png c next to the gradient noise scale (runs whose iterations have ``noise_scale``)
     throughput.png  iteration time and rolling throughput (gradients/s) over wall-clock time
     loss.png        training loss vs wall-clock time and vs gradients applied (train runs only)
@@ -51,6 +51,9 @@ MARKER = "report.json"  # written first, so a directory holding any report file 
 PlotFn = Callable[[list["Series"]], "plt.Figure | None"]
 MAX_PANELS = 4  # heatmap, CDF and prediction panels drawn at most
 MAX_CDF_CURVES = 16  # above this many workers, CDFs are drawn per host
+LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # with the 10 colours: 40 distinguishable series
+ASYNC_POLICIES = ("async", "adasync", "k-async", "k-batch-sync")
+STEPS_LABEL = "iteration (from the run's or replay's first)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +111,22 @@ class Series:
     policy: str
     rows: pl.DataFrame = field(repr=False)
     color: str = "C0"  # the same in every plot
+    linestyle: str | tuple = "-"  # with the colour, tells more than 10 series apart
+
+    @property
+    def style(self) -> dict:
+        return {"color": self.color, "ls": self.linestyle}
+
+    @property
+    def asynchronous(self) -> bool:
+        """An asynchronous policy's iterations are updates (k-async, async, adasync)."""
+        return self.policy.split(":")[0] in ASYNC_POLICIES
+
+    def steps(self) -> np.ndarray:
+        """The x of a per-iteration plot: iterations (updates) since the series' first, so a
+        simulate replay that began at iteration 240 and a train run from 0 share one axis."""
+        it = _values(self, "iteration")
+        return it - it[0] if it.size else it
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -185,6 +204,7 @@ def make_series(runs: list[Run]) -> list[Series]:
             policy=p,
             rows=run.iterations.filter(pl.col("policy") == p).sort("iteration"),
             color=f"C{i % 10}",
+            linestyle=LINESTYLES[i // 10 % len(LINESTYLES)],
         )
         for i, (run, p) in enumerate(pairs)
     ]
@@ -233,17 +253,46 @@ def _legend_outside(ax: plt.Axes) -> None:
 
 
 def plot_cutoff(series: list[Series]) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for s in series:
-        it = _values(s, "iteration")
-        ax.step(it, _values(s, "c"), where="post", lw=0.9, color=s.color, label=s.label)
-        ax.step(it, _values(s, "workers"), where="post", ls=":", lw=1.2, color=s.color)
-    ax.plot([], [], ls=":", color="grey", label="live workers (dotted)")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="iteration", ylabel="c (gradients applied)", title="Cutoff c over training")
-    _legend_outside(ax)
+    """c per iteration: synchronous policies in one panel (x: iterations), asynchronous ones in
+    another (x: updates, c = K gradients per update); live workers once per run, grey."""
+    groups = [g for g in ([s for s in series if not s.asynchronous],
+                          [s for s in series if s.asynchronous]) if g]  # fmt: skip
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 4 * len(groups)), squeeze=False)
+    for ax, group in zip(axes[:, 0], groups, strict=True):
+        for s, nudge in zip(group, nudges(len(group)), strict=True):
+            ax.step(s.steps(), _values(s, "c") + nudge, where="post", lw=0.9, label=s.label,
+                    **s.style)  # fmt: skip
+        _live_workers(ax, group)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        kind = (
+            "asynchronous and batch policies (x: updates)"
+            if group[0].asynchronous
+            else ("synchronous policies")
+        )
+        xlabel = (
+            "update (from the run's or replay's first)" if group[0].asynchronous else STEPS_LABEL
+        )
+        ax.set(xlabel=xlabel, ylabel="c (gradients applied)", title=f"Cutoff c, {kind}")
+        _legend_outside(ax)
     fig.tight_layout()
     return fig
+
+
+def nudges(n: int) -> np.ndarray:
+    """Vertical offsets (at most +-0.2) that keep n series of equal integer c apart."""
+    step = min(0.05, 0.4 / max(n - 1, 1))
+    return (np.arange(n) - (n - 1) / 2) * step
+
+
+def _live_workers(ax: plt.Axes, group: list[Series]) -> None:
+    """The live workers of each run in ``group`` (the same for every policy of a simulate run),
+    a dotted grey step along the run's longest series."""
+    runs = list({id(s.run): s.run for s in group}.values())
+    for run in runs:
+        s = max((x for x in group if x.run is run), key=lambda x: x.rows.height)
+        name = f" ({run.name})" if len(runs) > 1 else ""
+        ax.step(s.steps(), _values(s, "workers"), where="post", ls=":", lw=1.2, color="grey",
+                label=f"live workers{name}")  # fmt: skip
 
 
 def plot_noise_scale(series: list[Series]) -> plt.Figure | None:
@@ -254,12 +303,12 @@ def plot_noise_scale(series: list[Series]) -> plt.Figure | None:
         return None
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for s in noisy:
-        it, noise = _values(s, "iteration"), _values(s, "noise_scale")
-        top.step(it, _values(s, "c"), where="post", lw=0.9, color=s.color, label=s.label)
-        bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=0.9, color=s.color)
+        it, noise = s.steps(), _values(s, "noise_scale")
+        top.step(it, _values(s, "c"), where="post", lw=0.9, label=s.label, **s.style)
+        bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=0.9, **s.style)
     top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.set(ylabel="c (gradients applied)", title="Cutoff c and the gradient noise scale")
-    bottom.set(xlabel="iteration", ylabel="noise scale B (samples)", yscale="log")
+    bottom.set(xlabel=STEPS_LABEL, ylabel="noise scale B (samples)", yscale="log")
     _legend_outside(top)
     fig.tight_layout()
     return fig
@@ -269,8 +318,8 @@ def plot_throughput(series: list[Series], window: int) -> plt.Figure:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for s in series:
         wall, secs = _values(s, "wall_s"), _values(s, "iteration_s")
-        top.plot(wall, secs, lw=0.6, color=s.color, label=s.label)
-        bottom.plot(wall, rolling_throughput(_values(s, "c"), secs, window), color=s.color)
+        top.plot(wall, secs, lw=0.6, label=s.label, **s.style)
+        bottom.plot(wall, rolling_throughput(_values(s, "c"), secs, window), **s.style)
     top.set(ylabel="iteration time (s)", title="Iteration time and throughput")
     bottom.set(xlabel="wall-clock time (s)", ylabel=f"gradients/s (rolling {window})")
     _legend_outside(top)
@@ -282,29 +331,37 @@ def plot_loss(series: list[Series]) -> plt.Figure | None:
     with_loss = [s for s in series if has_values(s, "loss")]
     if not with_loss:
         return None
+    reached = 0  # series whose time_to_loss is drawn (a dashed line)
     fig, (by_time, by_grads) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
     for s in with_loss:
         loss = _values(s, "loss")
-        by_time.plot(_values(s, "wall_s"), loss, lw=0.8, color=s.color)
-        by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, color=s.color, label=s.label)
+        by_time.plot(_values(s, "wall_s"), loss, lw=0.8, **s.style)
+        by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, label=s.label, **s.style)
         ttl = _summary_for(s).get("time_to_loss")
         if isinstance(ttl, (int, float)) and np.isfinite(ttl):
             by_time.axvline(ttl, ls="--", color=s.color, lw=0.8)
+            reached += 1
     target = next(
         (s.run.summary["target_loss"] for s in with_loss if "target_loss" in s.run.summary), None
     )
     if isinstance(target, (int, float)):
         by_grads.axhline(target, color="grey", ls=":", lw=0.8, label="target loss")
         by_time.axhline(target, color="grey", ls=":", lw=0.8)
-    by_time.set(
-        xlabel="wall-clock time (s)",
-        ylabel="training loss",
-        title="Loss vs time (dashed: time_to_loss)",
-    )
+    by_time.set(xlabel="wall-clock time (s)", ylabel="training loss",
+                title=_loss_title(reached, isinstance(target, (int, float))))  # fmt: skip
     by_grads.set(xlabel="gradients applied (cumulative c)", title="Loss vs gradients applied")
     _legend_outside(by_grads)
     fig.tight_layout()
     return fig
+
+
+def _loss_title(reached: int, has_target: bool) -> str:
+    """The title says what the dashed lines are, and only when one is drawn."""
+    if reached:
+        return "Loss vs time (dashed: time_to_loss, the smoothed loss first at the target)"
+    if has_target:
+        return "Loss vs time (the smoothed loss did not reach the target)"
+    return "Loss vs time"
 
 
 def _runs_with_traces(series: list[Series]) -> list[Run]:
@@ -322,23 +379,36 @@ def plot_heatmap(series: list[Series]) -> plt.Figure | None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.5 + 2 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs, strict=True):
         m = run.matrix
+        low, high = robust_range(m.runtimes[m.present])
         img = ax.imshow(
             np.where(m.present, m.runtimes, np.nan).T,
             aspect="auto",
             interpolation="nearest",
             origin="lower",
             cmap="viridis",
+            vmin=low,
+            vmax=high,
         )
         it, wk = np.nonzero(m.censored & m.present)
         size = 30 if m.shape[0] <= 100 else 6  # crosses must not hide a long run
         ax.scatter(it, wk, marker="x", s=size, color="red", lw=0.8, label="censored (cut off)")
         ax.set(xlabel="iteration", ylabel="worker", title=f"Run-times, {run.name} ({m.run_id})")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.colorbar(img, ax=ax, label="run-time (s)")
+        fig.colorbar(img, ax=ax, label="run-time (s), 1st-99th percentile", extend="both")
         if len(it):
             ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     return fig
+
+
+def robust_range(values: np.ndarray) -> tuple[float, float]:
+    """The colour scale of a heatmap: the 1st to 99th percentile of the run-times, so that one
+    stall (a 2.4 s iteration among 20 ms ones) does not flatten every other cell; cells beyond
+    take the end colours."""
+    if values.size == 0:
+        return 0.0, 1.0
+    low, high = np.percentile(values, [1, 99])
+    return float(low), float(max(high, low + 1e-9))
 
 
 def _cdf_groups(m: RunMatrix) -> dict[str, np.ndarray]:
@@ -376,7 +446,7 @@ def plot_prediction(series: list[Series]) -> plt.Figure | None:
         len(predicted), 1, figsize=(9, 2.5 + 2 * len(predicted)), squeeze=False
     )
     for ax, s in zip(axes[:, 0], predicted, strict=True):
-        it, actual = _values(s, "iteration"), _values(s, "iteration_s")
+        it, actual = s.steps(), _values(s, "iteration_s")
         lo, mid, hi = _values(s, "pred_q10"), _values(s, "pred_q50"), _values(s, "pred_q90")
         ax.fill_between(it, lo, hi, alpha=0.3, color=s.color, step="mid", label="predicted q10-q90")
         ax.plot(it, mid, lw=0.8, color=s.color, label="predicted median")
@@ -384,7 +454,7 @@ def plot_prediction(series: list[Series]) -> plt.Figure | None:
         known = np.isfinite(lo) & np.isfinite(hi)
         coverage = np.mean((actual[known] >= lo[known]) & (actual[known] <= hi[known]))
         ax.set(
-            xlabel="iteration",
+            xlabel=STEPS_LABEL,
             ylabel="iteration time (s)",
             title=f"{s.label}: observed inside q10-q90 {coverage:.0%} of iterations (ideal 80%)",
         )
@@ -464,6 +534,15 @@ def metrics_table(series: list[Series], shown: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def run_iterations(run: Run) -> int:
+    """The iterations a run ran (or replayed): its summary's count, else the most any policy
+    has (an asynchronous policy's rows are updates, not iterations)."""
+    given = run.summary.get("iterations")
+    if isinstance(given, int) and not isinstance(given, bool):
+        return given
+    return int(run.iterations.group_by("policy").len()["len"].max())
+
+
 def render_index(
     runs: list[Run], series: list[Series], plots: list[tuple[str, str]], warnings: list[str]
 ) -> str:
@@ -476,7 +555,7 @@ def render_index(
     )
     lines = ["# bdsgd report", "", "## Runs", ""]
     for run in runs:
-        n, t = int(run.iterations["workers"].max()), run.iterations["iteration"].n_unique()
+        n, t = int(run.iterations["workers"].max()), run_iterations(run)
         lines.append(
             f"- `{run.name}`: {run.summary.get('kind', '?')} run, {n} workers, "
             f"{t} iterations, traces `{run.summary.get('traces', '?')}` ({run.path})"
@@ -524,7 +603,14 @@ def slow_rank_lines(runs: list[Run]) -> list[str]:
 # -- driver -----------------------------------------------------------------------------------
 def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
     return [
-        ("cutoff.png", "Cutoff c (solid) and live workers (dotted) per iteration.", plot_cutoff),
+        (
+            "cutoff.png",
+            "Cutoff c per iteration (each policy its own colour and line style, nudged apart "
+            "by at most 0.2 so that equal values stay visible; iterations counted from each "
+            "run's or replay's first), live workers grey dotted; asynchronous and batch "
+            "policies, whose steps are updates, in a panel of their own.",
+            plot_cutoff,
+        ),
         (
             "noise_scale.png",
             "Cutoff c over the gradient noise scale B (samples): where B is small a few "
@@ -538,13 +624,16 @@ def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
         ),
         (
             "loss.png",
-            "Training loss vs wall-clock time (time_to_loss dashed) and vs gradients "
-            "applied: throughput gains count only if the loss falls as fast per second.",
+            "Training loss vs wall-clock time (time_to_loss dashed where the smoothed loss "
+            "reached the target) and vs gradients applied: throughput gains count only if the "
+            "loss falls as fast per second.",
             plot_loss,
         ),
         (
             "heatmap.png",
-            "Worker x iteration run-times; red crosses: censored (cut-off) workers.",
+            "Worker x iteration run-times (colour scale: the 1st to 99th percentile, so one "
+            "stall does not flatten the rest; beyond, the end colours); red crosses: censored "
+            "(cut-off) workers.",
             plot_heatmap,
         ),
         (
