@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,18 +33,28 @@ def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
             with sigterm_as_ctrl_c(terminated):
                 return fn(*args, **kwargs)
         except BdsgdError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_ERROR)
+            fail(f"error: {exc}")
         except OSError as exc:  # a full disk, a file the stage could not write or read
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
-            sys.exit(EXIT_ERROR)
+            fail(f"error: {where}{exc.strerror or exc}")
         except KeyboardInterrupt:
             why = "terminated (SIGTERM)" if terminated else "interrupted"
             click.echo(f"error: {why}; everything written so far is kept", err=True)
             sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
     return wrapper
+
+
+def fail(line: str) -> None:
+    """The one line on stderr and the error exit; under torchrun also the rank's error file, so
+    that torchrun's failure summary shows this line as the root cause (not only "To enable
+    traceback see ...", under which the line on stderr is easy to miss)."""
+    click.echo(line, err=True)
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        with contextlib.suppress(OSError):
+            with open(error_file, "w") as fh:
+                json.dump({"message": line, "timestamp": str(int(time.time()))}, fh)
+    sys.exit(EXIT_ERROR)
 
 
 @contextlib.contextmanager

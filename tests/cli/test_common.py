@@ -45,3 +45,25 @@ def test_where_sigint_is_ignored_sigterm_still_stops(deferred):
         STOP_REQUESTED[0] = False
     assert terminated == [True]
     assert reached_the_end == ([True] if deferred else [])  # the block ran whole
+
+
+def test_under_torchrun_the_one_line_is_the_root_cause_torchrun_reports(tmp_path, monkeypatch):
+    """A rank's BdsgdError goes to its torchrun error file, which torchrun's own failure summary
+    reads (ProcessFailure): its "Root Cause" then shows the line, not a hint at tracebacks."""
+    from bdsgd.stages.errors import ConfigError
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from bdsgd_cli.common import run_stage
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    @run_stage
+    def refuse() -> None:
+        raise ConfigError("--out /tmp/run already holds a run")
+
+    with pytest.raises(SystemExit) as exited:
+        refuse()
+    assert exited.value.code == 2
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message == "error: --out /tmp/run already holds a run"
