@@ -155,44 +155,57 @@ def rank_iteration(client: CountingStore, cut: Cut, w: int, t: int, runtime: flo
     return ticket, taken, time.perf_counter()
 
 
-def rank_thread(client, cut, w, draws, gates, out) -> None:
-    """Rank w through every iteration; ``out[k]`` holds (ticket, taken, seen) of iteration k."""
-    for t, runtime in enumerate(draws):
-        gates[0].wait(STEP_TIMEOUT_S)
-        out[t] = rank_iteration(client, cut, w, t, float(runtime))
-        gates[1].wait(STEP_TIMEOUT_S)
+def rank_thread(setup: Setup, port: int, cut, w, draws, gates, out, clients) -> None:
+    """Rank w: its own store client (opened here, concurrently with the other ranks'), then
+    every iteration; ``out[k]`` holds (ticket, taken, seen) of iteration k. A failure elsewhere
+    breaks the gates, and the rank ends quietly (the process reports it)."""
+    client = CountingStore(P.open_store(setup.host, port, False, STEP_TIMEOUT_S))
+    clients.append(client)
+    try:
+        gates[0].wait(START_TIMEOUT_S)  # every rank connected
+        for t, runtime in enumerate(draws):
+            gates[0].wait(STEP_TIMEOUT_S)
+            out[t] = rank_iteration(client, cut, w, t, float(runtime))
+            gates[1].wait(STEP_TIMEOUT_S)
+    except threading.BrokenBarrierError:
+        return
 
 
 def rank_process(setup: Setup, port: int, proc: int, ranks: list[int], results) -> None:
     """One "node": a thread per rank, each with its own store client, and an agent that starts
     every iteration for them (and relays the cut)."""
     threading.stack_size(512 * 1024)
-    draws = draw_runtimes(setup)
-    open_client = lambda: P.open_store(setup.host, port, False, STEP_TIMEOUT_S)  # noqa: E731
-    agent = open_client()
-    cut = Cut(setup, open_client())
-    clients = [CountingStore(open_client()) for _ in ranks]
+    agent = P.open_store(setup.host, port, False, STEP_TIMEOUT_S)
+    cut = Cut(setup, P.open_store(setup.host, port, False, STEP_TIMEOUT_S))
     gates = (threading.Barrier(len(ranks) + 1), threading.Barrier(len(ranks) + 1))
-    outs = [[None] * setup.iterations for _ in ranks]
+    outs, clients = [[None] * setup.iterations for _ in ranks], []
     node_seen = [np.nan] * setup.iterations
-    threads = [
-        threading.Thread(target=rank_thread, args=(c, cut, w, draws[:, w], gates, o), daemon=True)
-        for c, w, o in zip(clients, ranks, outs, strict=True)
-    ]
-    for th in threads:
-        th.start()
-    agent.set(ready_key(proc), "1")
-    for t in range(setup.iterations):
-        agent.wait([P.go_key(t)], timeout())
-        cut.reset()
-        relay = threading.Thread(target=cut.relay, args=(t, node_seen), daemon=True)
-        relay.start()
-        gates[0].wait(STEP_TIMEOUT_S)
-        gates[1].wait(STEP_TIMEOUT_S)
-        relay.join(STEP_TIMEOUT_S)
-        agent.set(done_key(t, proc), "1")
+    draws = draw_runtimes(setup)
+    for w, out in zip(ranks, outs, strict=True):
+        args = (setup, port, cut, w, draws[:, w], gates, out, clients)
+        threading.Thread(target=rank_thread, args=args, daemon=True).start()
+    try:
+        gates[0].wait(START_TIMEOUT_S)
+        agent.set(ready_key(proc), "1")
+        for t in range(setup.iterations):
+            agent.wait([P.go_key(t)], timeout(START_TIMEOUT_S if t == 0 else STEP_TIMEOUT_S))
+            node_iteration(cut, gates, t, node_seen)
+            agent.set(done_key(t, proc), "1")
+    finally:
+        for gate in gates:
+            gate.abort()
     trips = sum(c.trips for c in clients)
     results.put((proc, ranks, np.array(outs, dtype=float), np.array(node_seen), trips))
+
+
+def node_iteration(cut: Cut, gates, t: int, node_seen: list[float]) -> None:
+    """Start iteration t on the node's ranks; the relay waits for its cut meanwhile."""
+    cut.reset()
+    relay = threading.Thread(target=cut.relay, args=(t, node_seen), daemon=True)
+    relay.start()
+    gates[0].wait(STEP_TIMEOUT_S)
+    gates[1].wait(STEP_TIMEOUT_S)
+    relay.join(STEP_TIMEOUT_S)
 
 
 # -- the coordinator --------------------------------------------------------------------------
