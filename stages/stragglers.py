@@ -69,7 +69,9 @@ class SyntheticCluster:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"synthetic stragglers: {name} must be in [0, 1]")
         if self.slow_workers < 0 or self.slow_worker_factor < 1:
-            raise ConfigError("synthetic stragglers need slow_workers >= 0, slow_worker_factor >= 1")
+            raise ConfigError(
+                "synthetic stragglers need slow_workers >= 0, slow_worker_factor >= 1"
+            )
         if self.drift_period < 1 or self.spike_alpha <= 0:
             raise ConfigError("synthetic stragglers need drift_period >= 1 and spike_alpha > 0")
 
