@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,47 @@ def measure(name: str, workers: int, iterations: int, steps: int) -> dict:
     return {"case": name, "N": workers, "T": iterations, "steps": steps, **result.to_json()}
 
 
+def fit_cpu_s(workers: int, iterations: int, steps: int) -> float:
+    """CPU seconds of one ``run_fit`` of the ``defaults`` cluster (all of it: training,
+    recalibration, evaluation, the checkpoint)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TraceStore(Path(tmp) / "traces")
+        write_cluster(store, CASES["defaults"], workers, iterations)
+        config = FitConfig(
+            traces=store.path, checkpoint=Path(tmp) / "m.pt", steps=steps, progress=False
+        )
+        began = time.process_time()
+        run_fit(config)
+        return time.process_time() - began
+
+
+def cost_row(workers: int, short: int = 200, steps: int = 12) -> dict:
+    """The CPU cost of an SVI step and of a trace iteration at ``workers``: fits with 2 and
+    ``steps`` steps of ``short`` iterations, and with 2 steps of twice as many."""
+    fit_cpu_s(workers, short, 2)  # warm-up (imports, allocator)
+    base = fit_cpu_s(workers, short, 2)
+    per_step = (fit_cpu_s(workers, short, steps) - base) / (steps - 2)
+    per_iteration = (fit_cpu_s(workers, 2 * short, 2) - base) / short
+    return {"N": workers, "step_s": per_step, "iteration_s": per_iteration, "fixed_s": base}
+
+
+def cost_table(sizes: tuple[int, ...] = (32, 256, 1024)) -> list[str]:
+    """Markdown rows: fit CPU cost against N, and the default fit predicted at T = 500, 2,000."""
+    steps = FitConfig(traces=Path("."), checkpoint=Path(".")).steps
+    lines = [
+        "| N | CPU s per SVI step | CPU ms per trace iteration | default fit, T = 500 (CPU s) "
+        "| default fit, T = 2,000 (CPU s) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in map(cost_row, sizes):
+        at = [steps * r["step_s"] + t * r["iteration_s"] for t in (500, 2000)]
+        lines.append(
+            f"| {r['N']} | {r['step_s']:.3f} | {r['iteration_s'] * 1e3:.1f} | {at[0]:.0f} "
+            f"| {at[1]:.0f} |"
+        )
+    return lines
+
+
 def run(quick: bool = False) -> str:
     """Markdown section: fit time and held-out NLL, 32 workers x 2000 iterations (quick: 500)."""
     steps = 100 if quick else FitConfig(traces=Path("."), checkpoint=Path(".")).steps
@@ -91,4 +133,11 @@ def run(quick: bool = False) -> str:
         'Reproduce: `.venv/bin/python -c "from benchmarks.bench_fit import run; print(run())"`',
         "",
     ]
+    if not quick:
+        lines += [
+            "Fit cost against N (CPU seconds of the fitting process; `cost_table()`):",
+            "",
+            *cost_table(),
+            "",
+        ]
     return "\n".join(lines)

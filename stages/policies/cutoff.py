@@ -472,8 +472,8 @@ class BdsgdCutoff(MonteCarloCutoff):
 
     def samples(self, live: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            draws = self.predictor.sample(self.num_samples)
-        return draws.detach().cpu().numpy()[:, live]
+            draws = self.predictor.sample(self.num_samples).detach().cpu().numpy()
+        return draws if live.all() else draws[:, live]  # (a copy of S x N costs 0.2 ms)
 
     def conditional(self, now_s, runtimes, arrived, waiting) -> np.ndarray | None:
         """The model's joint predictive of the waiting workers given the arrivals: a host whose

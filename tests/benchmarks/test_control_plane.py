@@ -1,0 +1,50 @@
+"""The control-plane benchmark's command: a few emulated ranks against a real store, one JSON
+object as its last line with the contract's keys (no timings asserted)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = (
+    "ranks",
+    "cut_visible_ms_p50",
+    "cut_visible_ms_p99",
+    "store_round_trips_per_iteration",
+    "coordinator_cpu_ms_per_iteration",
+)
+
+
+def run_command(*args: str) -> dict:
+    """``python -m benchmarks.control_plane ARGS --json`` in its own process group, reaped."""
+    cmd = [sys.executable, "-m", "benchmarks.control_plane", *args, "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["direct", "batched"])
+def test_quick_json_has_the_contract_keys(mode):
+    result = run_command("--ranks", "8", "--procs", "2", "--iterations", "4", "--mode", mode)
+    assert all(key in result for key in KEYS)
+    assert result["ranks"] == 8 and result["mode"] == mode and result["iterations"] == 2
+    assert result["mean_c"] == 7.0  # static c = 90% of 8, decided by the coordinator
+    # every rank takes a ticket or sees the cut first; the admitted ones write a report
+    assert result["store_round_trips_per_iteration"] >= 8 + 7
+    # causal order: ticket c is taken, its report read, the cut set, then seen everywhere
+    assert 0 < result["cut_set_ms_p50"] and 0 < result["cut_visible_ms_p50"]
