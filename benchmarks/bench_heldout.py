@@ -265,13 +265,17 @@ def pooled_ratios(per_run: list[dict[str, dict]]) -> dict[str, float]:
 @dataclass(frozen=True)
 class Levels:
     """A cluster of :func:`benchmarks.clusters.level_runs`: four short runs at four load levels
-    fitted whole (``fit`` still holds out each one's last 20% for its own figures), and a fifth
-    run at ``level``, which the fit never saw, replayed from its first iteration with no warm-up
-    (as a user who fitted on earlier jobs starts a new one)."""
+    fitted whole (``fit`` still holds out each one's last 20% for its own figures), and
+    ``replays`` more runs at ``level``, which the fit never saw, each replayed from its first
+    iteration with no warm-up (as a user who fitted on earlier jobs starts a new one). The first
+    is the issue's single fifth run; the others (the same workers, their own noise) pool the
+    figures over 30 x ``replays`` iterations, which one 30-iteration run is too short to pin
+    (30 values of x_(c))."""
 
     level: float
     seed: int = 31
     steps: int = 1000
+    replays: int = 8
 
 
 LEVELS: dict[str, Levels] = {
@@ -285,25 +289,30 @@ def evaluate_levels(name: str, root: Path) -> dict:
     steps), replay the unseen run through every policy; the row as :func:`evaluate` gives it,
     with the NLL and calibration measured on the replayed run."""
     spec = LEVELS[name]
-    runs = clusters.level_runs(spec.seed, (*clusters.LEVELS_FITTED, spec.level))
+    fitted_levels = clusters.LEVELS_FITTED
+    runs = clusters.level_runs(spec.seed, (*fitted_levels, *[spec.level] * spec.replays))
     fitted = f"levels-{spec.seed}-{spec.steps}"
-    _, fit = fit_cluster(fitted, runs[:-1], spec.steps, root)
+    _, fit = fit_cluster(fitted, runs[: len(fitted_levels)], spec.steps, root)
     shutil.rmtree(root / name, ignore_errors=True)
-    replayed = write_store(root / name, *runs[-1], run_id=f"{name}-replayed")
+    replayed = [
+        write_store(root / name, *run, run_id=f"{name}-{i:02d}")
+        for i, run in enumerate(runs[len(fitted_levels) :])
+    ]
     checkpoint = root / f"{fitted}.pt"
-    workers = replayed.shape[1]
+    workers = replayed[0].shape[1]
     statics = [f"static:{c}" for c in range(workers // 2, workers + 1, max(2, workers // 32))]
     config = SimulateConfig(traces=root / name, checkpoint=checkpoint, from_frac=0.0)
-    per_run = [compare([*SYNC, *statics, "oracle"], replayed, config)[0]]
+    per_run = [compare([*SYNC, *statics, "oracle"], run, config)[0] for run in replayed]
     ratio = pooled_ratios(per_run)
-    bdsgd = per_run[-1]["bdsgd"]
+    bdsgd = per_run[0]["bdsgd"]
     return {
         "name": name,
         "workers": workers,
-        "runs": 1,
+        "runs": len(replayed),
         "fit_s": fit["fit_s"],
         **replay_scores(load_checkpoint(checkpoint), replayed),
         "ratio": ratio,
+        "first_run": pooled_ratios(per_run[:1]),
         "best_static": max(statics, key=ratio.__getitem__),
         "bdsgd_c": bdsgd["mean_c"],
         "bdsgd_ms": bdsgd["decision_ms"],
@@ -312,13 +321,13 @@ def evaluate_levels(name: str, root: Path) -> dict:
     }
 
 
-def replay_scores(ckpt, run: RunMatrix, samples: int = 256) -> dict:
-    """NLL per run-time of the model and the baselines on the whole of ``run``, filtered from its
-    first iteration, and the model's calibration there (every iteration's PIT values)."""
+def replay_scores(ckpt, runs: list[RunMatrix], samples: int = 256) -> dict:
+    """NLL per run-time of the model and the baselines on the whole of ``runs``, each filtered
+    from its first iteration, and the model's calibration there (every iteration's PIT values)."""
     pits = PitCollector()
-    entries = int(run.present.sum())
-    model = model_log_lik(ckpt, run, 0, samples, 0, pits, 0)
-    window, ewma = baseline_log_lik(run, 0)
+    entries = sum(int(run.present.sum()) for run in runs)
+    model = sum(model_log_lik(ckpt, run, 0, samples, 0, pits, 0) for run in runs)
+    window, ewma = np.sum([baseline_log_lik(run, 0) for run in runs], axis=0)
     return {
         "val_nll": -model / entries,
         "baseline_nll": {"window": -window / entries, "ewma": -ewma / entries},
