@@ -24,6 +24,11 @@ Clusters:
   for the model: a host's workers are cut off for the whole of a slow spell, and how much slower
   than the cut they are is what censoring hides.
 
+And the clusters unlike ours (:data:`UNLIKE`, :mod:`benchmarks.clusters`), at their own sizes,
+and the short runs at a level no fit had (:data:`LEVELS`, :func:`evaluate_levels`): four
+30-iteration runs of 256 workers at 0.97-1.80 s fitted whole, eight unseen runs at 0.65 s
+(``level-below``) or 2.4 s (``level-above``) each replayed from its first iteration, no warm-up.
+
 Reproduce: ``.venv/bin/python -c "from benchmarks.bench_heldout import run; print(run())"``
 (or ``make bench``). A full run fits six models (about 3 minutes each on 2 cores, at the
 default 2000 steps).
