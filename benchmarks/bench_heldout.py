@@ -24,6 +24,11 @@ Clusters:
   for the model: a host's workers are cut off for the whole of a slow spell, and how much slower
   than the cut they are is what censoring hides.
 
+And the clusters unlike ours (:data:`UNLIKE`, :mod:`benchmarks.clusters`), at their own sizes,
+and the short runs at a level no fit had (:data:`LEVELS`, :func:`evaluate_levels`): four
+30-iteration runs of 256 workers at 0.97-1.80 s fitted whole, eight unseen runs at 0.65 s
+(``level-below``) or 2.4 s (``level-above``) each replayed from its first iteration, no warm-up.
+
 Reproduce: ``.venv/bin/python -c "from benchmarks.bench_heldout import run; print(run())"``
 (or ``make bench``). A full run fits six models (about 3 minutes each on 2 cores, at the
 default 2000 steps).
@@ -43,6 +48,7 @@ from pathlib import Path
 import numpy as np
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint, save_checkpoint
+from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, model_log_lik
 from bdsgd.stages.model.evaluate import evaluate as held_out
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.simulate import SimulateConfig, compare
@@ -261,6 +267,79 @@ def pooled_ratios(per_run: list[dict[str, dict]]) -> dict[str, float]:
     return {name: rate(name) / oracle for name in per_run[0] if name != "oracle"}
 
 
+@dataclass(frozen=True)
+class Levels:
+    """A cluster of :func:`benchmarks.clusters.level_runs`: four short runs at four load levels
+    fitted whole (``fit`` still holds out each one's last 20% for its own figures), and
+    ``replays`` more runs at ``level``, which the fit never saw, each replayed from its first
+    iteration with no warm-up (as a user who fitted on earlier jobs starts a new one). The first
+    is the issue's single fifth run; the others (the same workers, their own noise) pool the
+    figures over 30 x ``replays`` iterations, which one 30-iteration run is too short to pin
+    (30 values of x_(c))."""
+
+    level: float
+    seed: int = 31
+    steps: int = 1000
+    replays: int = 8
+
+
+LEVELS: dict[str, Levels] = {
+    "level-below": Levels(clusters.LEVEL_BELOW),
+    "level-above": Levels(clusters.LEVEL_ABOVE),
+}
+
+
+def evaluate_levels(name: str, root: Path) -> dict:
+    """Fit the four fitted levels (once for every cluster of ``LEVELS`` with the same seed and
+    steps), replay the unseen run through every policy; the row as :func:`evaluate` gives it,
+    with the NLL and calibration measured on the replayed run."""
+    spec = LEVELS[name]
+    fitted_levels = clusters.LEVELS_FITTED
+    runs = clusters.level_runs(spec.seed, (*fitted_levels, *[spec.level] * spec.replays))
+    fitted = f"levels-{spec.seed}-{spec.steps}"
+    _, fit = fit_cluster(fitted, runs[: len(fitted_levels)], spec.steps, root)
+    shutil.rmtree(root / name, ignore_errors=True)
+    replayed = [
+        write_store(root / name, *run, run_id=f"{name}-{i:02d}")
+        for i, run in enumerate(runs[len(fitted_levels) :])
+    ]
+    checkpoint = root / f"{fitted}.pt"
+    workers = replayed[0].shape[1]
+    statics = [f"static:{c}" for c in range(workers // 2, workers + 1, max(2, workers // 32))]
+    config = SimulateConfig(traces=root / name, checkpoint=checkpoint, from_frac=0.0)
+    per_run = [compare([*SYNC, *statics, "oracle"], run, config)[0] for run in replayed]
+    ratio = pooled_ratios(per_run)
+    bdsgd = per_run[0]["bdsgd"]
+    return {
+        "name": name,
+        "workers": workers,
+        "runs": len(replayed),
+        "fit_s": fit["fit_s"],
+        **replay_scores(load_checkpoint(checkpoint), replayed),
+        "ratio": ratio,
+        "first_run": pooled_ratios(per_run[:1]),
+        "best_static": max(statics, key=ratio.__getitem__),
+        "bdsgd_c": bdsgd["mean_c"],
+        "bdsgd_ms": bdsgd["decision_ms"],
+        "self_check": {k: m.get("self_check") for k, m in per_run[-1].items() if "bdsgd" in k},
+        "leaned_share": pooled_leaning(per_run, "bdsgd"),
+    }
+
+
+def replay_scores(ckpt, runs: list[RunMatrix], samples: int = 256) -> dict:
+    """NLL per run-time of the model and the baselines on the whole of ``runs``, each filtered
+    from its first iteration, and the model's calibration there (every iteration's PIT values)."""
+    pits = PitCollector()
+    entries = sum(int(run.present.sum()) for run in runs)
+    model = sum(model_log_lik(ckpt, run, 0, samples, 0, pits, 0) for run in runs)
+    window, ewma = np.sum([baseline_log_lik(run, 0) for run in runs], axis=0)
+    return {
+        "val_nll": -model / entries,
+        "baseline_nll": {"window": -window / entries, "ewma": -ewma / entries},
+        "calibration": pits.summary(),
+    }
+
+
 JUDGED = ("full", "elfving", "ecdf", "ewma")  # with the best static: the peers bdsgd must match
 
 
@@ -277,12 +356,17 @@ def coverage(row: dict, key: str) -> str:
     return "-" if c is None else f"{c:.0%}"
 
 
+def pit_ks(row: dict, key: str) -> str:
+    ks = (row.get("calibration") or {}).get(key, {}).get("ks")
+    return "-" if ks is None else f"{ks:.3f}"
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| cluster | N | bdsgd | best peer | bdsgd - best peer | leaned | bdsgd:unchecked | "
         "bdsgd:fixed | ewma | ecdf | elfving | best static | full | 90% PI: run-times / x_(c) "
-        "| val_nll (window / ewma) | decision ms p50 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| PIT KS: run-times / x_(c) | val_nll (window / ewma) | decision ms p50 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         q, b = r["ratio"], r["baseline_nll"]
@@ -292,7 +376,8 @@ def table(rows: list[dict]) -> str:
             f"{q['bdsgd'] - value:+.3f} | {r['leaned_share']:.0%} | "
             f"{q['bdsgd:unchecked']:.3f} | {q['bdsgd:fixed']:.3f} | {q['ewma']:.3f} | "
             f"{q['ecdf']:.3f} | {q['elfving']:.3f} | {q[r['best_static']]:.3f} | {q['full']:.3f} | "
-            f"{coverage(r, 'runtime')} / {coverage(r, 'order_stat')} | {r['val_nll']:.2f} "
+            f"{coverage(r, 'runtime')} / {coverage(r, 'order_stat')} | "
+            f"{pit_ks(r, 'runtime')} / {pit_ks(r, 'order_stat')} | {r['val_nll']:.2f} "
             f"({b['window']:.2f} / {b['ewma']:.2f}) | {r['bdsgd_ms']:.2f} |"
         )
     return "\n".join(lines)
@@ -303,6 +388,7 @@ def run(quick: bool = False) -> str:
     names = ["syn0", "arrack"] if quick else [*CLUSTERS, *UNLIKE]
     with tempfile.TemporaryDirectory(prefix="bdsgd-heldout-") as tmp:
         rows = [evaluate(n, iterations, workers, steps, Path(tmp)) for n in names]
+        rows += [evaluate_levels(n, Path(tmp)) for n in LEVELS]
     return "\n".join(
         [
             "## Held-out replay (`bdsgd fit` on the first 80%, `bdsgd simulate --from-frac 0.8`)",

@@ -14,7 +14,12 @@ information) and **nearly independent heavy tails**, the shape of serverless or 
   blocks over the first 80% of the run and sits at an unseen 1.6 (with a wider tail) in the rest:
   the fit sees other load levels than the replay;
 - :func:`short_runs`: many runs of 50 iterations each (a fresh set of workers per run), so every
-  run is short and its held-out tail is 10 iterations.
+  run is short and its held-out tail is 10 iterations;
+- :func:`level_runs`: short runs (30 iterations, 256 workers) of the same workers at different
+  load levels, each with its own level: fitted on some levels, replayed at one below (or above)
+  all of them. Within a run the workers' order is nearly random from one iteration to the next,
+  while each worker's mean keeps its place across runs; a narrow body, a sharp tail, and the
+  first two iterations of every run slower.
 
 Every generator is a pure function of its seed: ``(T, N) run-times in seconds, N host names``
 (:func:`short_runs`: a list of those). A weak common factor (a shared log-normal with sd 0.03-0.05
@@ -101,3 +106,38 @@ def short_runs(seed: int, runs: int, workers: int, iterations: int = 50) -> list
     """``runs`` runs of ``iterations`` each, every one :func:`lognormal_wide` with its own seed
     (its own workers' bases and spreads), all on the same host names."""
     return [lognormal_wide(seed * 1000 + r, iterations, workers) for r in range(runs)]
+
+
+LEVELS_FITTED = (0.97, 1.16, 1.47, 1.80)  # level_runs: the median run-times of the fitted runs
+LEVEL_BELOW, LEVEL_ABOVE = 0.65, 2.4  # the replayed run's level: below or above every fitted one
+WARM_UP = (0.69 / 0.65, 0.86 / 0.65)  # the first two iterations against the run's level
+TAIL_P, TAIL_LOG = 0.16, (0.38, 0.24)  # share of entries in the tail; its log slowdown N(mu, sd)
+
+
+def level_runs(
+    seed: int, levels: tuple[float, ...], workers: int = 256, iterations: int = 30
+) -> list[Cluster]:
+    """One run of ``iterations`` per level in ``levels`` (median run-time, seconds), the same
+    ``workers`` (one per host) in every run. Relative to its iteration's median a run-time is
+    ``exp(u_w + 0.035 e)``, times ``exp(T)`` with ``T ~ N(0.38, 0.24)`` (at least 0.05) with
+    worker w's own probability ``p_w`` (mean 0.16, log-normal across workers with sd 0.7): a
+    narrow body (q10 0.95) and a tail that starts sharply (q87.5 1.2, q95 1.63, q99 2.1). The
+    worker's own offset ``u_w ~ N(0, 0.01)`` and ``p_w`` are drawn once, so a worker's mean keeps
+    its place across runs (rank correlation about 0.6) while its place within a run is nearly
+    random from one iteration to the next (about 0.08). Every iteration moves by a shared
+    ``N(0, 0.015)`` in log; the first two are 1.06 and 1.32 times slower than the rest."""
+    rng = np.random.default_rng(seed)
+    offset = rng.normal(0.0, 0.01, workers)
+    propensity = np.exp(rng.normal(0.0, 0.7, workers))
+    p_tail = TAIL_P * propensity / propensity.mean()
+    warm = np.ones(iterations)
+    warm[: len(WARM_UP)] = WARM_UP[:iterations]
+    runs = []
+    for level in levels:
+        body = rng.normal(0.0, 0.035, (iterations, workers))
+        slow = rng.random((iterations, workers)) < p_tail
+        tail = slow * np.maximum(rng.normal(*TAIL_LOG, (iterations, workers)), 0.05)
+        logs = offset + body + tail + common_factor(rng, iterations, 0.015)
+        logs -= np.median(logs[len(WARM_UP) :])  # the run's level is its median after warm-up
+        runs.append((level * warm[:, None] * np.exp(logs), one_host_each(workers)))
+    return runs

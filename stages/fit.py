@@ -274,7 +274,7 @@ def _setup_model(
             z_dim=config.z_dim,
             hidden=config.hidden,
         )
-        return RuntimeModel(cfg), Normaliser.fit(train_runs), vocab
+        return RuntimeModel(cfg), Normaliser.fit(train_runs, anchored=True), vocab
     cfg = ModelConfig(
         **{
             **prior.model.cfg.to_dict(),

@@ -1,7 +1,8 @@
 """The fitted model on disk: one versioned file that ``torch.load(path, weights_only=True)`` reads.
 
 Contents (plain dict): ``format``, ``version``, ``model_config`` (dict), ``state_dict``,
-``norm`` ({"loc", "scale"}), ``worker_ids`` / ``host_names`` (embedding row i + 1 holds entry i;
+``norm`` ({"loc", "scale"}, and for a fit that anchors each run at its level ``anchored`` and
+``level_sd``: ``bdsgd.stages.model.data``), ``worker_ids`` / ``host_names`` (embedding row i + 1 holds entry i;
 row 0 is "unknown"), ``worker_hosts`` (the host each id last ran on), ``default_hosts`` (the
 latest run's worker set, by position = worker id), ``fit_config``, ``summary`` (steps,
 val_nll, baseline_nll, calibration, traces, workers) and ``common`` ([shift, sd, widen,
@@ -49,6 +50,8 @@ MAX_ABS_LOC = 100.0
 """Largest |mean log run-time| (log seconds) a checkpoint's normalisation may hold."""
 SCALE_RANGE = (1e-6, 100.0)
 """Its spread of log run-times (fit floors it at 1e-3): outside, y or x over- or underflows."""
+MAX_LEVEL_SD = 1e3
+"""Largest spread of the fitted runs' levels (normalised units) a checkpoint may hold."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     path = Path(path)
     try:
         _check_weights(ckpt.model.cfg, ckpt.model.state_dict())
-        _normaliser({"loc": ckpt.norm.loc, "scale": ckpt.norm.scale})
+        _normaliser(norm_dict(ckpt.norm))
         _common(ckpt.common)
     except ValueError as exc:
         raise CheckpointError(
@@ -111,7 +114,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         "version": VERSION,
         "model_config": ckpt.model.cfg.to_dict(),
         "state_dict": {k: v.detach().clone() for k, v in ckpt.model.state_dict().items()},
-        "norm": {"loc": float(ckpt.norm.loc), "scale": float(ckpt.norm.scale)},
+        "norm": norm_dict(ckpt.norm),
         "worker_ids": list(ckpt.vocab.worker_ids),
         "host_names": list(ckpt.vocab.host_names),
         "worker_hosts": dict(ckpt.vocab.worker_hosts),
@@ -205,16 +208,28 @@ def _check_weights(cfg: ModelConfig, state: dict) -> None:
             raise ValueError(f"state_dict {name} holds NaN or infinite values")
 
 
+def norm_dict(norm: Normaliser) -> dict:
+    """The normalisation as saved (the anchor's fields only where the fit anchored runs)."""
+    out = {"loc": float(norm.loc), "scale": float(norm.scale)}
+    if norm.anchored:
+        out.update(anchored=True, level_sd=float(norm.level_sd))
+    return out
+
+
 def _normaliser(norm: dict) -> Normaliser:
     """The normalisation, with a finite loc and a scale in :data:`SCALE_RANGE` (a zero,
-    negative or NaN one would divide by zero or draw NaN run-times)."""
+    negative or NaN one would divide by zero or draw NaN run-times), and a level spread in
+    0..:data:`MAX_LEVEL_SD` (absent: an older, unanchored fit)."""
     loc, scale = float(norm["loc"]), float(norm["scale"])
+    anchored, level_sd = bool(norm.get("anchored", False)), float(norm.get("level_sd", 0.0))
+    if not 0.0 <= level_sd <= MAX_LEVEL_SD:
+        raise ValueError(f"norm level_sd {level_sd} is not in 0..{MAX_LEVEL_SD:g}")
     if not abs(loc) <= MAX_ABS_LOC:
         raise ValueError(f"norm loc {loc} is not a finite number within +-{MAX_ABS_LOC:g}")
     low, high = SCALE_RANGE
     if not low <= scale <= high:
         raise ValueError(f"norm scale {scale} is not in {low:g}..{high:g}")
-    return Normaliser(loc, scale)
+    return Normaliser(loc, scale, anchored, level_sd)
 
 
 def _common(saved) -> tuple[float, float, float, float]:

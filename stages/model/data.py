@@ -1,8 +1,17 @@
 """Run-time data as the model sees it: normalisation, history features and training windows.
 
-Normalised log run-time: ``y = (log x - m) / s`` with ``m`` the median and ``s`` the spread of the
-uncensored training log run-times (kept in the checkpoint). A density in y converts to seconds by
-the Jacobian ``log p(x) = log p(y) - log s - log x``; a survival probability needs none.
+Normalised log run-time: ``y = (log x - m) / s`` (kept in the checkpoint). A density in y converts
+to seconds by the Jacobian ``log p(x) = log p(y) - log s - log x``; a survival probability needs
+none. ``fit`` anchors every run at its own level: ``m`` is the run's **anchor**, the median log
+run-time of its first observed iteration (:func:`run_anchor`), and ``s`` the spread of the
+uncensored training log run-times about their runs' anchors. So the network sees every run
+relative to how fast its first iteration was, and a run faster or slower than every fitted one
+looks to it like the fitted ones: its level is read off its first iteration (with hundreds of
+workers, exactly), not interpolated between fitted levels by weights that never saw it. Before a
+run's first iteration the predictor has no anchor; it uses the checkpoint's ``m`` (the median of
+the fitted runs' anchors) and draws the run's level about it with the spread of the fitted
+anchors (``level_sd``). Checkpoints written before the anchor (``anchored`` False) normalise by
+the median of all training log run-times, and the predictor keeps that.
 
 History features of worker w before iteration t (deterministic functions of ``y_{<t}``, like
 DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
@@ -53,24 +62,62 @@ MIN_VAR = 1e-4
 
 @dataclass(frozen=True)
 class Normaliser:
-    """``y = (log x - loc) / scale``."""
+    """``y = (log x - loc) / scale``; ``anchored``: ``loc`` is replaced by each run's anchor
+    once its first iteration is seen (the module docstring), and before that a run's level is
+    drawn about ``loc`` with sd ``level_sd`` (normalised units)."""
 
     loc: float
     scale: float
+    anchored: bool = False
+    level_sd: float = 0.0
 
     @staticmethod
-    def fit(runs: list[RunMatrix]) -> Normaliser:
-        logs = np.concatenate(
-            [np.log(r.runtimes[r.present & ~r.censored]) for r in runs] or [np.zeros(0)]
-        )
+    def fit(runs: list[RunMatrix], anchored: bool = False) -> Normaliser:
+        """Unanchored: the median and spread of the uncensored log run-times of ``runs``.
+        Anchored: the median of the runs' anchors, the spread about each run's own anchor and
+        the anchors' spread."""
+        anchors = [run_anchor_of(r) if anchored else 0.0 for r in runs]
+        logs = [
+            np.log(r.runtimes[r.present & ~r.censored]) - a
+            for r, a in zip(runs, anchors, strict=True)
+        ]
+        logs = np.concatenate(logs or [np.zeros(0)])
         if logs.size == 0:
-            return Normaliser(0.0, 1.0)
-        loc = float(np.median(logs))
-        scale = float(np.std(logs)) if logs.size > 1 else 1.0
-        return Normaliser(loc, max(scale, 1e-3))
+            return Normaliser(0.0, 1.0, anchored)
+        scale = max(float(np.std(logs)) if logs.size > 1 else 1.0, 1e-3)
+        if not anchored:
+            return Normaliser(float(np.median(logs)), scale)
+        level_sd = float(np.std(anchors)) / scale if len(anchors) > 1 else 0.0
+        return Normaliser(float(np.median(anchors)), scale, True, level_sd)
 
     def normalise(self, runtimes: np.ndarray) -> np.ndarray:
         return (np.log(runtimes) - self.loc) / self.scale
+
+    def at(self, anchor: float) -> Normaliser:
+        """This normalisation about a run's ``anchor`` (log seconds): the run's level is known."""
+        return Normaliser(anchor, self.scale, self.anchored, 0.0)
+
+    def for_run(self, run: RunMatrix) -> Normaliser:
+        """The normalisation of ``run``: about its anchor where anchored, else this one."""
+        return self.at(run_anchor_of(run)) if self.anchored else self
+
+
+def run_anchor(runtimes: np.ndarray, present: np.ndarray) -> float | None:
+    """A run's anchor from one iteration: the median log run-time of its present entries, a
+    censored one at its bound (the bound is the cut, above every exact value, so the median is
+    exact while fewer than half are censored); None when nothing is present."""
+    x = np.asarray(runtimes, dtype=float)[np.asarray(present, dtype=bool)]
+    x = x[np.isfinite(x) & (x > 0)]
+    return float(np.median(np.log(x))) if x.size else None
+
+
+def run_anchor_of(run: RunMatrix) -> float:
+    """The anchor of a run: :func:`run_anchor` of its first iteration with a present entry."""
+    for t in range(run.shape[0]):
+        anchor = run_anchor(run.runtimes[t], run.present[t])
+        if anchor is not None:
+            return anchor
+    return 0.0
 
 
 def host_groups(hosts: list[str] | tuple[str, ...]) -> torch.Tensor:
@@ -196,7 +243,9 @@ def run_history(
 def to_tensors(
     run: RunMatrix, norm: Normaliser, worker_idx: torch.Tensor, host_idx: torch.Tensor
 ) -> RunTensors:
-    """Normalise a run (missing entries: y = 0, present = False) and compute its features."""
+    """Normalise a run (about its anchor where ``norm`` is anchored; missing entries: y = 0,
+    present = False) and compute its features."""
+    norm = norm.for_run(run)
     present = torch.as_tensor(run.present & np.isfinite(run.runtimes))
     raw = np.where(present.numpy(), run.runtimes, 1.0)
     y = torch.as_tensor(norm.normalise(raw), dtype=torch.float32) * present

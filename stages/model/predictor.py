@@ -6,6 +6,13 @@ them by one iteration (O(N + P), no loop over workers); ``sample(S)`` draws
 ``z_{t+1} ~ p(z_{t+1} | z_t^(p))`` and then all N run-times jointly from the emission in a
 few batched tensor operations; ``remaining`` conditions that iteration's draws on the arrivals so
 far (:class:`Arrivals`). Per-worker emission parameters are computed once, at construction.
+
+A checkpoint whose fit anchored each run at its own level (``bdsgd.stages.model.data``) is used
+the same way: the first iteration ``observe`` is given sets the run's anchor, before anything is
+normalised, so everything after is predicted relative to the level the run showed. The draws of
+that first iteration carry the run's unknown level: one shared ``N(0, level_sd^2)`` shift per
+draw. Its x_(c) does not move the online spread (it measures the fitted runs' levels, not the
+spread the predictor will draw with once anchored).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ import numpy as np
 import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, load_checkpoint
-from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups
-from bdsgd.stages.model.online import OnlineSpread
+from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups, run_anchor
+from bdsgd.stages.model.online import OnlineLevel, OnlineSpread, levels
 from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
 
@@ -46,12 +53,17 @@ class RuntimePredictor:
         # draw, a factor on the workers' own spreads and one on the spread of the draws' levels
         self.common = (*common, 1.0)[:4]
         self.online = OnlineSpread() if online else None  # x_(c)'s spread, adjusted as it goes
+        self.level = OnlineLevel()  # the run's level offset, learnt from its iterations
+        self._last_draws: np.ndarray | None = None  # the last sample(), seconds
+        self._level_var = 0.0  # the level offset's variance the last draws were made with
+        self.observed = 0  # iterations observed
         self.norm = norm
         self.hosts = tuple(hosts)
         self.num_workers = len(hosts)
         self.gen = torch.Generator().manual_seed(seed if seed is not None else 0)
         self.host_index = HostIndex.of(host_groups(hosts))
         self.present = torch.ones(self.num_workers, dtype=torch.bool)
+        self._anchor_seen = False
         self._drawn: tuple[torch.Tensor, torch.Tensor] | None = None
         self._arrivals: Arrivals | None = None
         self._constants: dict[str, np.ndarray] | None = None
@@ -86,13 +98,35 @@ class RuntimePredictor:
         cens = torch.as_tensor(np.asarray(censored, dtype=bool)) & present
         return y * present, cens, present
 
+    def _anchor(self, runtimes: np.ndarray) -> bool:
+        """Anchor the run at the first iteration with a present entry; True if this one did."""
+        if not self.norm.anchored or self._anchor_seen:
+            return False
+        x = np.asarray(runtimes, dtype=np.float64)
+        anchor = run_anchor(x, np.isfinite(x) & (x > 0))
+        if anchor is None:
+            return False
+        self.norm, self._anchor_seen = self.norm.at(anchor), True
+        return True
+
     @torch.inference_mode()
     def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
         """Advance the filter by one iteration: (N,) seconds and (N,) censoring flags; a
-        non-finite or non-positive run-time marks a missing entry."""
+        non-finite or non-positive run-time marks a missing entry. The first one anchors the
+        run (see the module docstring)."""
+        anchoring = self._anchor(runtimes)
+        self.observed += 1
         y, cens, present = self._normalise(runtimes, censored)
-        if self.online is not None:
-            self.online.update(np.asarray(runtimes, dtype=np.float64), cens.numpy())
+        x = np.asarray(runtimes, dtype=np.float64)
+        if self.online is not None and not anchoring:
+            self.online.update(x, cens.numpy())
+        elif self.online is not None:
+            self.online.draws = None
+        draws, self._last_draws = self._last_draws, None
+        shown = None if draws is None or anchoring else levels(draws, x, cens.numpy())
+        if shown is not None:
+            scale = self.norm.scale
+            self.level.update(shown[0] / scale, shown[1] / scale, self._level_var)
         enc = self.model.encoder
         g = enc.pooled(y, cens, present, self.ewma, self.emb_proj)
         _, self.h = enc.gru(g.reshape(1, 1, -1), self.h)
@@ -110,6 +144,11 @@ class RuntimePredictor:
         z_next = loc + scale * torch.randn(loc.shape, generator=self.gen)
         loc, scale = self.model.emitter(z_next, self.params, self.base)
         shift, sd, widen, _ = self.common
+        shift = shift + self.level.offset  # the run's level, as its iterations showed it
+        self._level_var = self.level.var if self.observed else 0.0  # what is not known of it
+        # yet, drawn with it from the run's second iteration on (the first: the fitted levels)
+        sd = math.sqrt(sd**2 + self.norm.level_sd**2 + self._level_var)  # before the anchor:
+        # also the run's unknown level
         if shift or sd:  # the recalibration's shared slowdown, one per draw
             loc = loc + (shift + sd * torch.randn((num_samples, 1), generator=self.gen))
         return loc, scale * widen
@@ -131,6 +170,7 @@ class RuntimePredictor:
             level = y.mean(dim=1, keepdim=True)  # a median over N costs ~1 ms at N = 1024
             y = y + (factor - 1.0) * (level - level.median())
         x = y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
+        self._last_draws = x.numpy()
         if self.online is not None:
             self.online.drawn(x.numpy())
         return x

@@ -32,7 +32,7 @@ from bdsgd.stages.policies.cutoff import (
     StaticCutoff,
 )
 from bdsgd.stages.policies.explore import Exploring
-from bdsgd.stages.policies.selfcheck import SelfChecking
+from bdsgd.stages.policies.selfcheck import SelfChecking, record_needed
 
 SPECS = (
     "full",
@@ -146,7 +146,7 @@ def with_self_check(own, num_workers: int, seed: int, num_samples: int, mc: dict
         EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **peer),
         EcdfCutoff(num_samples=num_samples, seed=seed, **peer),
     ]
-    return SelfChecking(own, peers)
+    return SelfChecking(own, peers, min_scored=record_needed(num_workers))
 
 
 def _count(arg: str, spec: str, limit: int | None) -> int:

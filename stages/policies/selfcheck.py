@@ -28,11 +28,26 @@ peer's c, and goes back when the model's rate is again at least the peer's. Iter
 without a decision (a warm-up on recorded history, ``simulate --from-frac``, ``train`` resuming)
 score every expert, so a cluster where the model loses is recognised before the first decision.
 
+A record counts once it holds ``min_scored`` iterations: enough for about ``RECORD_RUNTIMES``
+run-times (:func:`record_needed`: 20 iterations at N = 32, 3 at N = 256), since what makes a
+comparison of rates trustworthy is how many arrivals it saw. So on a 30-iteration run of 256
+workers the check can lean from its fourth decision.
+
+It does not wait for a record when the run's **first iteration lies far outside the model's
+predictive** (:func:`far_outside`: its level, the median log run-time, more than
+``SURPRISE_Z`` sds of the predicted levels from their mean): that says the model was fitted on
+another cluster, or on other loads, than the one it runs on, before any iteration was lost to
+it. The policy then leans on the best peer at once, every record starts afresh from the next
+iteration, and it goes back to the model as soon as the model's fresh record is at least the
+peer's (the rule above, with no minimum record).
+
 Each expert learns from every iteration as usual; its lambda (the going rate of the long-run
 objective) counts its own shadow gradients and seconds, not the played ones.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from bdsgd.stages.policies.base import Policy
@@ -40,6 +55,27 @@ from bdsgd.stages.policies.cutoff import MonteCarloCutoff, sorted_samples
 from bdsgd.stages.policies.driver import IterationDriver
 
 IMPUTED_WEIGHT = 0.25  # an imputed shadow outcome moves a score a quarter as much as an exact one
+RECORD_RUNTIMES = 640  # run-times a record holds before it may decide (20 iterations at N = 32)
+MIN_RECORD = 3  # ... and never fewer iterations than this
+SURPRISE_Z = 4.0  # a first iteration whose level lies further out (in sds) leans at once
+
+
+def record_needed(num_workers: int) -> int:
+    """Iterations an expert's record needs before it may decide: about ``RECORD_RUNTIMES``
+    run-times, at least ``MIN_RECORD`` iterations."""
+    return max(MIN_RECORD, math.ceil(RECORD_RUNTIMES / max(num_workers, 1)))
+
+
+def far_outside(ordered: np.ndarray | None, runtimes: np.ndarray, live: np.ndarray) -> float:
+    """How far (in sds of the predicted levels, signed) an iteration's level lies from the
+    predictive's: the level is the median log run-time of the live workers, censored ones at
+    their bound (exact while fewer than half are censored), of a draw its middle order
+    statistic; ``ordered`` are the (S, n_live) sorted draws behind the decision (0.0 without)."""
+    seen = np.sort(np.log(np.asarray(runtimes, dtype=float)[live]))
+    if ordered is None or ordered.shape[0] < 2 or ordered.shape[1] != seen.size or not seen.size:
+        return 0.0
+    levels = np.log(ordered[:, seen.size // 2])
+    return float((seen[seen.size // 2] - levels.mean()) / max(levels.std(), 1e-12))
 
 
 class ShadowScore:
@@ -92,6 +128,8 @@ class SelfChecking(Policy):
         self.leaned = 0
         self.first_leaned: int | None = None
         self.leaned_to: dict[str, int] = {}
+        self.observed = 0  # iterations observed, decided or not
+        self.surprise: float | None = None  # the first iteration's distance (far_outside)
 
     @property
     def overhead_s(self) -> float:  # type: ignore[override]
@@ -152,20 +190,36 @@ class SelfChecking(Policy):
             self.scores[i].update(value, seconds, 1.0 if exact else IMPUTED_WEIGHT)
         self._shown = played if played is not None else self.leader
         self._played, self._live = None, None
-        self.leader = self.next_leader()
+        if self.observed == 0:
+            self.surprise = far_outside(self.own._ordered, runtimes, live)
+        self.observed += 1
+        if self.surprise is not None and abs(self.surprise) > SURPRISE_Z and self.observed == 1:
+            self.leader = self.surprised()
+        else:
+            self.leader = self.next_leader()
+
+    def surprised(self) -> int:
+        """The first iteration lay far outside the model's predictive: lean on the best peer so
+        far (the first on a tie) at once, every record starting afresh."""
+        rates = [s.rate() for s in self.scores]
+        best = 1 + int(np.argmax(rates[1:]))
+        self.scores = [ShadowScore(s.alpha) for s in self.scores]
+        return best
 
     def next_leader(self) -> int:
         """The model, unless a peer's rate leads the model's by more than ``margin``. While
         leaning on a peer: back to the model once its rate is at least that peer's, to another
         peer only if it leads the one followed by more than ``margin``."""
-        if self.scores[0].count < self.min_scored or len(self.experts) < 2:
+        if len(self.experts) < 2:
             return 0
         rates = [s.rate() for s in self.scores]
         best = 1 + int(np.argmax(rates[1:]))
         if self.leader:
-            if rates[0] >= rates[self.leader]:
+            if self.scores[0].count and rates[0] >= rates[self.leader]:
                 return 0
             return best if rates[best] > rates[self.leader] * (1 + self.margin) else self.leader
+        if self.scores[0].count < self.min_scored:
+            return 0
         return best if rates[best] > rates[0] * (1 + self.margin) else 0
 
     def describe(self) -> dict:
@@ -183,6 +237,7 @@ class SelfChecking(Policy):
             "leaned_share": self.leaned / self.decided if self.decided else 0.0,
             "first_leaned": self.first_leaned,
             "leaned_to": dict(self.leaned_to),
+            "first_iteration_z": None if self.surprise is None else round(self.surprise, 2),
             "rates": {
                 e.name: round(s.rate(), 6) for e, s in zip(self.experts, self.scores, strict=True)
             },

@@ -3,6 +3,7 @@ vocabularies, never replacing a file bdsgd did not write."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,7 @@ CRAFTED = {
     ),
     "nan recalibration": (_set("common", value=[float("nan"), 0.0, 1.0, 1.0]), "common"),
     "negative widening": (_set("common", value=[0.0, 0.0, -1.0, 1.0]), "common"),
+    "nan level spread": (_set("norm", "level_sd", value=float("nan")), "norm level_sd nan"),
 }
 
 
@@ -219,3 +221,16 @@ def test_checking_creates_no_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="cannot write checkpoint"):
         check_writable(tmp_path / "file" / "m.pt")
+
+
+def test_an_anchored_normalisation_round_trips_and_an_older_file_reads_unanchored(tmp_path):
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    vocab = Vocab((0, 1, 2, 3), ("a", "b"))
+    norm = Normaliser(-3.0, 0.5, anchored=True, level_sd=0.8)
+    ckpt = Checkpoint(model, norm, vocab, ("a", "b", "a", "b"), {}, {})
+    assert load_checkpoint(save_checkpoint(tmp_path / "m.pt", ckpt)).norm == norm
+    older = dataclasses.replace(ckpt, norm=Normaliser(-3.0, 0.5))
+    payload = torch.load(save_checkpoint(tmp_path / "old.pt", older), weights_only=True)
+    assert set(payload["norm"]) == {"loc", "scale"}  # what a file before the anchor holds
+    assert load_checkpoint(tmp_path / "old.pt").norm == Normaliser(-3.0, 0.5, False, 0.0)

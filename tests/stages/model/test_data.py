@@ -106,3 +106,31 @@ def test_a_censored_last_value_is_kept_apart_as_a_bound():
     assert exact[1] == 0 and exact[3] == 0 and bound[0] == 0 and bound[2] == 0
     assert bound[1] > 0.8 and exact[0] > 0.4  # the bound as it is, not an imputed value
     torch.testing.assert_close(host, torch.stack([exact[0], exact[0], exact[2], exact[2]]))
+
+
+def _levels(levels, seed=0, iterations=6, workers=40):
+    """Runs of the same relative run-times at different levels (seconds)."""
+    rng = np.random.default_rng(seed)
+    relative = np.exp(rng.normal(0.0, 0.2, (iterations, workers)))
+    full = np.ones(relative.shape, dtype=bool)
+    return [
+        RunMatrix(f"r{i}", level * relative, ~full, full, tuple(f"h{w}" for w in range(workers)))
+        for i, level in enumerate(levels)
+    ]
+
+
+def test_an_anchored_normalisation_sees_every_run_relative_to_its_first_iteration():
+    runs = _levels([0.5, 1.0, 2.0, 4.0])
+    norm = Normaliser.fit(runs, anchored=True)
+    plain = Normaliser.fit(runs)
+    first = np.median(np.log(runs[0].runtimes[0]))
+    assert norm.anchored and np.isclose(norm.loc, first - np.log(0.5) + np.log(2.0) / 2)
+    assert norm.scale < 0.5 * plain.scale  # the spread within runs, not between their levels
+    assert np.isclose(norm.level_sd * norm.scale, np.std(np.log([0.5, 1.0, 2.0, 4.0])))
+    idx = torch.arange(1, 41)
+    ys = [to_tensors(r, norm, idx, idx).y for r in runs]
+    assert abs(np.median(ys[0][0].numpy())) < 1e-5
+    for y in ys[1:]:  # the same relative run-times: the same normalised values at every level
+        torch.testing.assert_close(y, ys[0], atol=1e-4, rtol=0)
+    far = to_tensors(runs[3], plain, idx, idx).y
+    assert np.median(far[0].numpy()) > 1.0  # unanchored: the level is what the network sees

@@ -8,6 +8,7 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
 from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.online import OnlineLevel
 from bdsgd.stages.model.predictor import load_predictor
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
@@ -80,6 +81,9 @@ def host_pair_predictor(tmp_path, interleaved: bool = False):
         pred = load_predictor(path, [0, 2, 1, 3], ["a", "b", "a", "b"], seed=0)
     else:
         pred = load_predictor(path, seed=0)
+    # this model predicts slow spells its 20 iterations never show, and the run-level offset
+    # would learn from them a faster level (OnlineLevel); these tests are about the spells
+    pred.level = OnlineLevel(prior_var=0.0)
     for _ in range(20):
         pred.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
     return pred
@@ -167,3 +171,41 @@ def test_remaining_keeps_the_waiting_workers_in_index_order(tmp_path):
     draws = pred.remaining(now, np.where(waiting, 0.0, 0.05), ~waiting, waiting)
     medians = np.median(draws, axis=0)  # positions 1, 2, 3
     assert medians[0] > 1.3 * medians[1] and medians[2] > 1.3 * medians[1]
+
+
+def _anchored_checkpoint(tmp_path, level_sd=0.0):
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=4, z_dim=4, hidden=16))
+    vocab = Vocab((0, 1, 2, 3), ("a", "b", "c", "d"), {0: "a", 1: "b", 2: "c", 3: "d"})
+    norm = Normaliser(np.log(1.0), 0.3, anchored=True, level_sd=level_sd)
+    ckpt = Checkpoint(model, norm, vocab, ("a", "b", "c", "d"), {}, {})
+    return save_checkpoint(tmp_path / "m.pt", ckpt)
+
+
+def test_an_anchored_predictor_scales_with_the_level_its_run_showed(tmp_path):
+    path = _anchored_checkpoint(tmp_path)
+    rng = np.random.default_rng(0)
+    relative = np.exp(rng.normal(0.0, 0.1, (5, 4)))
+    draws = {}
+    for level in (0.2, 1.0, 7.0):  # below, at and far above the level the model was fitted at
+        pred = load_predictor(path, seed=3)
+        for x in relative:
+            pred.observe(level * x, np.zeros(4, dtype=bool))
+        draws[level] = pred.sample(256).numpy().astype(float)
+        assert pred.remaining(0.5 * level, level * relative[0], np.eye(4, dtype=bool)[0],
+                              ~np.eye(4, dtype=bool)[0]).min() > 0.5 * level  # fmt: skip
+    np.testing.assert_allclose(draws[0.2] / 0.2, draws[1.0], rtol=1e-3)
+    np.testing.assert_allclose(draws[7.0] / 7.0, draws[1.0], rtol=1e-3)
+
+
+def test_before_its_first_iteration_a_run_level_is_drawn_with_the_fitted_levels_spread(tmp_path):
+    def level_spread(level_sd):
+        pred = load_predictor(_anchored_checkpoint(tmp_path, level_sd), seed=1)
+        before = np.log(pred.sample(512).numpy()).mean(axis=1).std()
+        pred.observe(np.full(4, 3.0), np.zeros(4, dtype=bool))
+        return before, np.log(pred.sample(512).numpy()).mean(axis=1).std()
+
+    tight, tight_after = level_spread(0.0)
+    wide, wide_after = level_spread(2.0)
+    assert wide > tight + 0.4 and np.isclose(wide**2 - tight**2, (2.0 * 0.3) ** 2, rtol=0.3)
+    assert abs(wide_after - tight_after) < 0.05  # anchored: the level is known

@@ -7,8 +7,11 @@ import torch
 from bdsgd.stages.policies.cutoff import BdsgdCutoff, EcdfCutoff, EwmaCutoff
 from bdsgd.stages.policies.registry import with_self_check
 from bdsgd.stages.policies.selfcheck import (
+    SURPRISE_Z,
     SelfChecking,
+    far_outside,
     lean_message,
+    record_needed,
     self_check_report,
     shadow_outcome,
 )
@@ -142,3 +145,63 @@ def test_warm_up_history_scores_every_expert_and_teaches_each_its_own_rate():
 
 def _throughput(result) -> float:
     return float(np.sum(result.columns["c"]) / np.sum(result.columns["iteration_s"]))
+
+
+class FirstIterationOff(LogNormalPredictor):
+    """The true predictive, but for the first iteration, which it places ``off`` in log away
+    (a model fitted at other levels, before the run showed its own)."""
+
+    def __init__(self, off: float) -> None:
+        super().__init__(MU, SIGMA)
+        self.off = off
+
+    def next_mu(self) -> np.ndarray:
+        return super().next_mu() + (self.off if self.observed == 0 else 0.0)
+
+
+def test_a_record_needs_about_640_run_times():
+    assert [record_needed(n) for n in (6, 32, 256, 1024)] == [107, 20, 3, 3]
+
+
+def test_a_first_iteration_far_outside_the_predictive_leans_at_once_and_only_while_it_loses():
+    # the model put the first iteration 2.5 (log) too slow: the check leans from the first
+    # decision after it, before any record, and goes back once the model's fresh record is not
+    # behind the peer's (here the model is right from the second iteration on)
+    off = checked(FirstIterationOff(2.5))
+    result = replay(off, independent_tails(), start=0, overhead_s=0.0)
+    report = self_check_report(off)
+    assert report["first_iteration_z"] < -SURPRISE_Z and report["first_leaned"] == 1
+    assert result.columns["peer"][1] is not None
+    assert report["leaned"] <= 20 and result.columns["peer"][-100:] == [None] * 100
+    # a first iteration inside the predictive: no record yet, so no leaning in the first 40
+    inside = checked(FirstIterationOff(0.0))
+    early = replay(inside, independent_tails(), start=0, overhead_s=0.0)
+    assert abs(self_check_report(inside)["first_iteration_z"]) < SURPRISE_Z
+    assert early.columns["peer"][:40] == [None] * 40
+
+
+def test_far_outside_measures_the_level_against_the_predicted_levels():
+    rng = np.random.default_rng(0)
+    draws = np.sort(np.exp(rng.normal(0.0, 0.3, (256, 64)) + rng.normal(0, 0.1, (256, 1))), 1)
+    live = np.ones(64, dtype=bool)
+    inside = np.exp(rng.normal(0.0, 0.3, 64))
+    assert abs(far_outside(draws, inside, live)) < 3
+    assert far_outside(draws, 0.5 * inside, live) < -SURPRISE_Z  # the whole run twice as fast
+    assert far_outside(draws, 2.0 * inside, live) > SURPRISE_Z
+    assert far_outside(None, inside, live) == 0.0
+
+
+def test_on_a_30_iteration_run_of_256_workers_a_losing_model_is_left_within_four_decisions():
+    workers, rng = 256, np.random.default_rng(5)
+    mu = np.log(0.05) + rng.normal(0.0, 0.1, workers)
+    x = np.exp(mu + SIGMA * rng.standard_normal((30, workers)))
+    full = np.ones(x.shape, dtype=bool)
+    run = RunMatrix("fresh", x, ~full, full, tuple(f"fn{w}" for w in range(workers)))
+    # wrong on purpose: every worker tight around the fast ones, so it waits for nearly all
+    own = BdsgdCutoff(LogNormalPredictor(mu - 0.5, 0.02), stopping="fixed")
+    mc = {"objective": "long-run"}
+    policy = with_self_check(own, workers, seed=0, num_samples=64, mc=mc)
+    replay(policy, run, start=0, overhead_s=0.0)  # no warm-up: a new job
+    report = self_check_report(policy)
+    assert report["first_leaned"] is not None and report["first_leaned"] <= 4
+    assert report["leaned"] >= 30 - 5
