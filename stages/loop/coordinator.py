@@ -3,7 +3,7 @@ its own), so every GPU trains.
 
 Per iteration t it asks the policy for c when the rank it lives with begins t
 (:meth:`LoopCoordinator.begin`), reads the arrival tickets' reports in ticket order
-(``a/<t>/<k>``) and feeds them to the :class:`~bdsgd.stages.policies.driver.IterationDriver`
+(``a/<t>/<k>``; after each, every report already taken in one ``multi_get``) and feeds them to the :class:`~bdsgd.stages.policies.driver.IterationDriver`
 (an online policy revises c at each arrival, and at ticks while none comes). At the cut it closes
 the ticket counter (``n/<t>`` + ``CLOSED``: the ranks that took a ticket before are admitted,
 every later one is cut) and sets ``cut/<t>``, which the ranks still computing see at their next
@@ -131,7 +131,7 @@ class LoopCoordinator:
         seen = self._watch(t, began)
         admitted = self.c10d.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
         self.c10d.set(P.cut_key(t), str(admitted))
-        reports = seen + [self._report(t, k) for k in range(len(seen) + 1, admitted + 1)]
+        reports = seen + self._reports(t, len(seen) + 1, admitted)
         for rep in reports[len(seen) :]:
             self.driver.arrive(rep.worker, rep.runtime_s)
         outcome = self.driver.end()
@@ -146,12 +146,25 @@ class LoopCoordinator:
         while len(seen) < self.world and (left := deadline - time.monotonic()) > 0:
             key = P.arrival_key(t, len(seen) + 1)
             if P.wait_key(self.c10d, key, self._wait_s(began, left)):
-                seen.append(WorkerReport.decode(self.c10d.get(key)))
-                if self.driver.arrive(seen[-1].worker, seen[-1].runtime_s):
+                if self._hand_over(seen, self._reports(t, len(seen) + 1, self._taken(t))):
                     return seen
             elif self.driver.wait(time.perf_counter() - began):
                 return seen
         return seen
+
+    def _taken(self, t: int) -> int:
+        """How many tickets of iteration t are taken (at most one per rank)."""
+        return min(self.c10d.add(P.ticket_key(t), 0), self.world)
+
+    def _hand_over(self, seen: list[WorkerReport], reports: list[WorkerReport]) -> bool:
+        """Each report, in ticket order, to ``seen`` and the driver; whether the policy cut at
+        one of them (the later ones are admitted all the same: their tickets precede the
+        close)."""
+        cut = False
+        for rep in reports:
+            seen.append(rep)
+            cut = self.driver.arrive(rep.worker, rep.runtime_s) or cut
+        return cut
 
     def _wait_s(self, began: float, left: float) -> float:
         """Until the driver's next tick (an online policy asked again while nothing arrives),
@@ -161,9 +174,15 @@ class LoopCoordinator:
             return min(left, IDLE_WAIT_S)
         return min(left, max(tick - (time.perf_counter() - began), MIN_WAIT_S))
 
-    def _report(self, t: int, ticket: int) -> WorkerReport:
-        """The report of a ticket taken before the close (its holder sets it right after)."""
-        return WorkerReport.decode(self.c10d.get(P.arrival_key(t, ticket)))
+    def _reports(self, t: int, first: int, last: int) -> list[WorkerReport]:
+        """The reports of tickets ``first..last``, taken already (each holder sets its report
+        right after its ticket), in one round trip: at 1,024 ranks, reading them one at a time
+        left the coordinator 100 ms and more behind the c-th arrival
+        (``benchmarks/control_plane.py``)."""
+        if last < first:
+            return []
+        keys = [P.arrival_key(t, k) for k in range(first, last + 1)]
+        return [WorkerReport.decode(blob) for blob in self.c10d.multi_get(keys)]
 
     def _observed(self, t: int, began: float, outcome, reports: list[WorkerReport]) -> None:
         c = len(reports)
