@@ -120,7 +120,7 @@ def run_engine(
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
         engine.janitor.close()
-        join_or_kill(procs)
+        join_or_kill(procs, grace_s=max(10.0, cfg.timeout_s))  # a loaded machine is slow to stop
         close_records(engine, ckpt, start)
     return EngineResult(
         engine.log.rows,

@@ -435,8 +435,9 @@ def test_ctrl_c_records_every_iteration_the_replicas_ran(tmp_path, monkeypatch, 
     assert result.interrupted and logged == list(range(len(logged)))
     if where == "mid-iteration" and policy == "online":
         assert len(logged) == 31  # Ctrl-C held while 30 ran: nothing was announced after it
-    else:  # announced before the Ctrl-C (a block of fixed-c iterations, or the next one)
-        assert len(logged) > 31
+    else:  # and what was announced before the Ctrl-C (how far ahead depends on the machine's
+        # speed: a block of fixed-c iterations is announced at most 50 ms ahead)
+        assert len(logged) >= 31
     _, steps = replica_params(tmp_path / "run")
     assert steps == len(logged)
     rows = TraceStore(tmp_path / "traces").read()
