@@ -7,8 +7,9 @@ a ticket, and enters one all-reduce of
 
 with every live replica: admitted workers contribute their gradient, cut-off workers zeros (or,
 with ``--salvage``, the micro-batches they finished). Every replica divides by the admitted sample
-count and steps with SGD with momentum written out on flat buffers -- the same arithmetic on the
-same reduced bytes, so the replicas stay bit-identical.
+count and steps torch's SGD with momentum (:func:`bdsgd.stages.engine.config.sgd`, as the
+parameter server does) on the model's parameters, whose gradients are views into the reduced
+buffer -- the same arithmetic on the same reduced bytes, so the replicas stay bit-identical.
 
 The held-out loss after an iteration that is due (``--eval-every``) is computed by every member on
 its slice of the held-out batch right after the step, and summed by the next iteration's
@@ -29,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.config import scaled_lr
+from bdsgd.stages.engine.config import scaled_lr, sgd
 from bdsgd.stages.engine.worker import (
     WorkerProcess,
     WorkerSpec,
@@ -62,6 +63,10 @@ class Replica(WorkerProcess):
         self.grad, self.comm_scalars = self.comm[:size], self.comm[size : size + SCALARS]
         self.comm_slots = self.comm[size + SCALARS :]
         P.bind_flat(self.model.parameters(), self.flat, self.grad)
+        # the update: torch's SGD on the parameters (views into flat), its momentum buffers views
+        # into one flat buffer, which a new generation broadcasts and the state saves whole
+        self.opt = sgd(self.model.parameters(), lr=spec.cfg.lr, momentum=spec.cfg.momentum)
+        bind_momentum(self.opt, self.momentum)
         self.scalars_cpu = torch.zeros(SCALARS)
         self.slot = slice(SLOT * self.w, SLOT * (self.w + 1))  # this worker's, in comm_slots
         self.cuttable = True  # whether the last iteration could cut anyone
@@ -204,8 +209,9 @@ class Replica(WorkerProcess):
         return P.star_sum(self.group, rank, len(self.members), self.comm, self.inbox)
 
     def step(self) -> None:
-        """SGD with momentum on the mean of the admitted gradients, the learning rate scaled to
-        the admitted count (torch's SGD arithmetic: buf = m * buf + g; p -= lr * buf)."""
+        """torch's SGD with momentum on the mean of the admitted gradients (the model's
+        gradients are views into the reduced buffer), the learning rate scaled to the admitted
+        count."""
         cfg = self.spec.cfg
         samples, sq_norms, contributions, loss, evaluators = self.comm_scalars.tolist()
         self.take_evaluated(loss, evaluators)
@@ -219,8 +225,9 @@ class Replica(WorkerProcess):
         gradients = samples / cfg.batch_size
         gain = self.noise.lr_factor(max(round(gradients), 1), len(self.members))
         lr = scaled_lr(cfg, gradients, len(self.members), gain)
-        self.momentum.mul_(cfg.momentum).add_(grad)
-        self.flat.add_(self.momentum, alpha=-lr)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.step()
         self.steps += 1
 
     def take_evaluated(self, loss: float, evaluators: float) -> None:
@@ -404,6 +411,14 @@ class Replica(WorkerProcess):
         self.steps = int(state["steps"])
         if "noise" in state:
             self.noise.load_state_dict(state["noise"])
+
+
+def bind_momentum(opt: torch.optim.SGD, flat: torch.Tensor) -> None:
+    """Make ``opt``'s momentum buffers views into ``flat`` (in parameter order): torch's SGD
+    updates a buffer it finds in place, so ``flat`` holds the momentum of every parameter."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for p, buf in zip(params, P.flat_views(flat, params), strict=True):
+        opt.state[p]["momentum_buffer"] = buf
 
 
 def source_rank(steps: list[float]) -> int:

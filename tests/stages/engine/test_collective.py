@@ -114,6 +114,33 @@ def test_the_update_is_the_mean_of_the_admitted_workers_own_gradients(tmp_path, 
     assert not torch.allclose(params, init - scaled_lr(cfg, 4, 4) * own_gradient(cfg, 1))
 
 
+def test_the_replicas_step_torch_sgd_with_momentum(tmp_path):
+    """Three iterations of 2 replicas, nobody cut: their parameters are what torch's SGD with
+    momentum makes of the mean of the two workers' own gradients, computed here from their data
+    streams."""
+    cfg = collective_config(workers=2, hosts=("h0", "h1"), iterations=3, stragglers="none",
+                            lr_scaling="none", momentum=0.9)  # fmt: skip
+    run_engine(cfg, RecordingStatic(2), tmp_path / "traces", lambda t, r: None, tmp_path / "run")
+    params, steps = replica_params(tmp_path / "run")
+    workload = load_workload(cfg.workload, seed=cfg.seed)
+    model = workload.model
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + w + 1) for w in range(2)]
+    for _ in range(cfg.iterations):
+        grads = []
+        for gen in gens:
+            model.zero_grad()
+            x, y = workload.batch(gen, cfg.batch_size)
+            workload.loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *mine in zip(model.parameters(), *grads, strict=True):
+            p.grad = torch.stack(mine).mean(0)
+        opt.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert steps == cfg.iterations
+    assert torch.allclose(params, expected, atol=1e-6, rtol=1e-5)
+
+
 def held_out_loss(cfg: EngineConfig, params: torch.Tensor) -> float:
     """The workload's held-out loss at flat ``params``, computed here."""
     workload = load_workload(cfg.workload, seed=cfg.seed)
