@@ -58,7 +58,7 @@ from bdsgd.stages.stragglers import SyntheticCluster
 from benchmarks import clusters
 
 HOLDOUT_FROM = 0.8
-RECALIBRATED_ON = "held-out half, shared slowdown, spread factor below 85%, tightened above 95%, online x_(c) spread"  # marks fit figures made with fit's current recalibration
+RECALIBRATED_ON = "held-out half, shared slowdown, spread factor below 85%, tightened above 95%, online x_(c) spread, anchored runs"  # marks fit figures made with fit's current recalibration
 SYNC = [
     "full",
     "elfving",

@@ -1,21 +1,4 @@
-"""Online calibration from the iterations of the run the predictor is in: the run's level
-(:class:`OnlineLevel`) and the spread of the order statistic a cutoff policy waits for
-(:class:`OnlineSpread`).
-
-**Level.** The network predicts each iteration relative to the run's anchor (its first
-iteration, ``bdsgd.stages.model.data``), and what it learnt about how the next iterations relate
-to the first can be off for a run unlike the fitted ones by a few percent: on the replayed
-``level-below`` run the draws' median level sat 0.02-0.04 in log above the iterations', on a
-body whose sd is 0.035. With hundreds of workers one iteration pins its level, so the predictor
-keeps a run-level offset, added to every draw: a Kalman filter on it, the observation being the
-iteration's level (its median log run-time) minus the draws' mean level, with the draws' own
-spread of levels as its noise. It starts at 0 with variance ``LEVEL_PRIOR_VAR`` (normalised
-units) and may drift by ``LEVEL_DRIFT`` of the predicted levels' variance per iteration, so the
-first iterations of a run move it most (where the model is unsure, with a wide spread of levels,
-least) and over a long run it follows slowly (a memory of about 50 iterations). The draws carry
-what is not yet known of it: each draw's offset is drawn from its posterior, so early in a run
-x_(c)'s predictive is wider, and the online conditional within an iteration weighs the draws
-whose level the arrivals bear out.
+"""Online calibration of the order statistic a cutoff policy waits for.
 
 The recalibration of ``fit`` (:mod:`bdsgd.stages.model.recalibrate`) is measured once, on the first
 half of the held-out part. Where the cluster then changes, it no longer holds: on the benchmark
@@ -42,8 +25,6 @@ import math
 
 import numpy as np
 
-LEVEL_PRIOR_VAR = 0.25  # prior variance of the run-level offset, normalised units
-LEVEL_DRIFT = 0.0016  # its drift per iteration, a share of the predicted levels' variance
 TAIL = 0.05  # the central 90% interval: x_(c) below its 5% or above its 95% point is a miss
 STEP = 0.2  # the move of the log factor per iteration (up 0.18 on a miss, down 0.02 otherwise)
 LOG_LIMITS = (-2.0, 1.0)  # the factor stays within exp(-2) .. exp(1)
@@ -102,34 +83,3 @@ def order_statistic_at_cut(
     if seen.size < c or seen[c - 1] > bound:
         return None
     return c, ordered[:, c - 1], float(seen[c - 1])
-
-
-class OnlineLevel:
-    """The run-level offset (normalised log units) added to every draw (see the module
-    docstring): :meth:`update` with the draws' levels and the level an iteration showed."""
-
-    def __init__(self, prior_var: float = LEVEL_PRIOR_VAR, drift: float = LEVEL_DRIFT) -> None:
-        self.offset = 0.0
-        self.var = prior_var
-        self.drift = drift
-
-    def update(self, drawn: np.ndarray, seen: float, drawn_var: float = 0.0) -> None:
-        """(S,) levels of the draws (their offset included, drawn with the offset's variance
-        ``drawn_var``) and the level seen, normalised."""
-        noise = max(float(np.var(drawn)) - drawn_var, 0.0) + 1e-12
-        gain = self.var / (self.var + noise)
-        self.offset += gain * (seen - float(np.mean(drawn)))
-        self.var = (1.0 - gain) * self.var + self.drift * noise
-
-
-def levels(draws: np.ndarray, x: np.ndarray, cens: np.ndarray) -> tuple[np.ndarray, float] | None:
-    """The (S,) levels of (S, N) draws, seconds, and the level ``x`` showed, both the median log
-    run-time over the present workers (a censored one at its bound: the median is exact while
-    fewer than half are censored); None when half or more are censored or none is present."""
-    present = np.isfinite(x) & (x > 0)
-    n = int(present.sum())
-    if n == 0 or 2 * int((cens & present).sum()) >= n:
-        return None
-    mid = n // 2
-    drawn = np.log(np.partition(draws[:, present], mid, axis=1)[:, mid])
-    return drawn, float(np.log(np.partition(x[present], mid)[mid]))

@@ -25,7 +25,7 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, load_checkpoint
 from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups, run_anchor
-from bdsgd.stages.model.online import OnlineLevel, OnlineSpread, levels
+from bdsgd.stages.model.online import OnlineSpread
 from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
 
@@ -53,10 +53,6 @@ class RuntimePredictor:
         # draw, a factor on the workers' own spreads and one on the spread of the draws' levels
         self.common = (*common, 1.0)[:4]
         self.online = OnlineSpread() if online else None  # x_(c)'s spread, adjusted as it goes
-        self.level = OnlineLevel()  # the run's level offset, learnt from its iterations
-        self._last_draws: np.ndarray | None = None  # the last sample(), seconds
-        self._level_var = 0.0  # the level offset's variance the last draws were made with
-        self.observed = 0  # iterations observed
         self.norm = norm
         self.hosts = tuple(hosts)
         self.num_workers = len(hosts)
@@ -115,18 +111,11 @@ class RuntimePredictor:
         non-finite or non-positive run-time marks a missing entry. The first one anchors the
         run (see the module docstring)."""
         anchoring = self._anchor(runtimes)
-        self.observed += 1
         y, cens, present = self._normalise(runtimes, censored)
-        x = np.asarray(runtimes, dtype=np.float64)
         if self.online is not None and not anchoring:
-            self.online.update(x, cens.numpy())
+            self.online.update(np.asarray(runtimes, dtype=np.float64), cens.numpy())
         elif self.online is not None:
             self.online.draws = None
-        draws, self._last_draws = self._last_draws, None
-        shown = None if draws is None or anchoring else levels(draws, x, cens.numpy())
-        if shown is not None:
-            scale = self.norm.scale
-            self.level.update(shown[0] / scale, shown[1] / scale, self._level_var)
         enc = self.model.encoder
         g = enc.pooled(y, cens, present, self.ewma, self.emb_proj)
         _, self.h = enc.gru(g.reshape(1, 1, -1), self.h)
@@ -144,11 +133,7 @@ class RuntimePredictor:
         z_next = loc + scale * torch.randn(loc.shape, generator=self.gen)
         loc, scale = self.model.emitter(z_next, self.params, self.base)
         shift, sd, widen, _ = self.common
-        shift = shift + self.level.offset  # the run's level, as its iterations showed it
-        self._level_var = self.level.var if self.observed else 0.0  # what is not known of it
-        # yet, drawn with it from the run's second iteration on (the first: the fitted levels)
-        sd = math.sqrt(sd**2 + self.norm.level_sd**2 + self._level_var)  # before the anchor:
-        # also the run's unknown level
+        sd = math.hypot(sd, self.norm.level_sd)  # before the anchor: the run's unknown level
         if shift or sd:  # the recalibration's shared slowdown, one per draw
             loc = loc + (shift + sd * torch.randn((num_samples, 1), generator=self.gen))
         return loc, scale * widen
@@ -170,7 +155,6 @@ class RuntimePredictor:
             level = y.mean(dim=1, keepdim=True)  # a median over N costs ~1 ms at N = 1024
             y = y + (factor - 1.0) * (level - level.median())
         x = y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
-        self._last_draws = x.numpy()
         if self.online is not None:
             self.online.drawn(x.numpy())
         return x

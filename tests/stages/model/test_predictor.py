@@ -8,7 +8,6 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
 from bdsgd.stages.model.data import Normaliser
-from bdsgd.stages.model.online import OnlineLevel
 from bdsgd.stages.model.predictor import load_predictor
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
@@ -81,9 +80,6 @@ def host_pair_predictor(tmp_path, interleaved: bool = False):
         pred = load_predictor(path, [0, 2, 1, 3], ["a", "b", "a", "b"], seed=0)
     else:
         pred = load_predictor(path, seed=0)
-    # this model predicts slow spells its 20 iterations never show, and the run-level offset
-    # would learn from them a faster level (OnlineLevel); these tests are about the spells
-    pred.level = OnlineLevel(prior_var=0.0)
     for _ in range(20):
         pred.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
     return pred

@@ -9,7 +9,6 @@ import torch
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint
 from bdsgd.stages.model.evaluate import PitCollector, _observed
-from bdsgd.stages.model.online import OnlineLevel
 from bdsgd.stages.model.predictor import predictor_from
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
@@ -120,8 +119,6 @@ def test_narrowing_moves_a_draws_workers_together(tmp_path):
     ckpt = load_checkpoint(tmp_path / "m.pt")
     plain = predictor_from(dataclasses.replace(ckpt, common=NO_RECALIBRATION), seed=3)
     narrow = predictor_from(dataclasses.replace(ckpt, common=(0.0, 0.0, 1.0, 0.0)), seed=3)
-    for p in (plain, narrow):  # the run-level offset's prior, shared by a draw's workers too
-        p.level = OnlineLevel(prior_var=0.0)
     a, b = (torch.log(p.sample(4096)).numpy() for p in (plain, narrow))
     # a factor of 0 gives every draw the same mean level; each worker keeps its own noise
     assert np.ptp(b.mean(axis=1)) < 1e-4 < 0.05 < np.ptp(a.mean(axis=1))
