@@ -48,7 +48,7 @@ def test_replay_injects_the_recorded_run_times_scaled(tmp_path):
     [
         (dict(workers=0), "--workers must be >= 1, got 0"),
         (dict(iterations=0), "--iterations must be >= 1, got 0"),
-        (dict(batch_size=2, micro_batches=4), "at least the number of micro-batches"),
+        (dict(batch_size=2, micro_batches=4), "smaller than --micro-batches"),
         (dict(timeout_s=float("nan")), "--timeout must be a finite number of seconds"),
         (dict(start_timeout_s=-1.0), "--start-timeout must be a finite number of seconds"),
     ],

@@ -86,7 +86,7 @@ def config(tmp_path, **overrides) -> TrainConfig:
         (dict(workers=0), "--workers and --iterations must be >= 1"),
         (dict(lr_scaling="cubic"), "--lr-scaling must be one of .*got 'cubic'"),
         (dict(min_workers=5), r"--min-workers must be in 1\.\.4"),
-        (dict(batch_size=2, micro_batches=4), "at least the number of micro-batches"),
+        (dict(batch_size=2, micro_batches=4), "smaller than --micro-batches"),
         (dict(lr=0.0), "--lr must be a finite number > 0, got 0.0"),
         (dict(start_timeout_s=0.0), "--start-timeout must be a finite number > 0, got 0.0"),
         (dict(explore=1.0), r"--explore must be in \[0, 1\), got 1.0"),
