@@ -25,14 +25,10 @@ import pyarrow.parquet as pq
 from bdsgd.schemas import to_table, validate_schema, validate_table, validate_values
 from bdsgd.stages.console import console
 from bdsgd.stages.errors import TraceError, first_line
+from bdsgd.stages.ids import new_run_id  # noqa: F401 (the run ids of every writer)
 from rich.markup import escape
 
 PART_GLOB = "part-*.parquet"
-
-
-def new_run_id(source: str) -> str:
-    """A sortable, unique run id such as ``profile-20261121T213900-1a2b3c``."""
-    return f"{source}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(frozen=True)

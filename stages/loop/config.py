@@ -82,6 +82,11 @@ class LoopConfig:
         return None if self.out is None else Path(self.out)
 
 
+def source_of(policy: str) -> str:
+    """The trace rows' ``source``: a run that only measures (``full``) is a profile."""
+    return "profile" if policy == "full" else "train"
+
+
 def lr_rule(scaling: str, optimizer_name: str) -> str:
     """The rule ``auto`` stands for with an optimizer of this class name."""
     if scaling != "auto":

@@ -24,9 +24,10 @@ import numpy as np
 import pyarrow.compute as pc
 from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir
 from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.janitor import KeyJanitor
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, first_line
-from bdsgd.stages.loop.config import LoopConfig
+from bdsgd.stages.loop.config import LoopConfig, source_of
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.store import TraceStore, TraceWriter
@@ -34,7 +35,6 @@ from bdsgd.stages.train import time_to_loss
 
 IDLE_WAIT_S = 5.0  # longest single store wait for an arrival when no tick is due
 MIN_WAIT_S = 0.001  # shortest store wait before a due tick
-KEEP_KEYS = 4  # the store keys of an iteration are deleted this many iterations later
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 MIN_RANKS_TO_NAME = 3  # with fewer ranks, "slower than the median" says nothing
 SLOW_FACTOR = 1.2  # a rank whose median run-time is this much above the cluster's is named
@@ -65,6 +65,7 @@ class LoopCoordinator:
         self.rows_added = 0
         self.error: BaseException | None = None
         self.lock = threading.Lock()
+        self.janitor = KeyJanitor(self.c10d)
         self.thread = threading.Thread(target=self._run, name="bdsgd-coordinator", daemon=True)
         self.t0 = 0.0
 
@@ -110,6 +111,7 @@ class LoopCoordinator:
         self.record(through)
         self.begins.put(None)
         self.thread.join(self.cfg.timeout_s)
+        self.janitor.close()
         if self.writer is not None:
             self.writer.close(self.cfg.timeout_s)
         summary = self.summary()
@@ -136,7 +138,9 @@ class LoopCoordinator:
             self.driver.arrive(rep.worker, rep.runtime_s)
         outcome = self.driver.end()
         self._observed(t, began, outcome, reports)
-        self._forget(t - KEEP_KEYS)
+        # deleted long after, from the janitor's thread: nothing in this loop per rank
+        self.janitor.retire([P.ticket_key(t), P.cut_key(t)]
+                            + [P.arrival_key(t, k) for k in range(1, admitted + 1)])  # fmt: skip
 
     def _watch(self, t: int, began: float) -> list[WorkerReport]:
         """Take arrivals in ticket order until the policy cuts (or every rank arrived). A wait
@@ -213,22 +217,13 @@ class LoopCoordinator:
         columns.update(
             run_id=[self.run_id] * n, host=[self.hosts[r.worker] for r in rows],
             world_size=[self.world] * n, cutoff=[cutoff] * n, policy=[self.policy.name] * n,
-            source=["profile" if self.cfg.policy == "full" else "train"] * n,
+            source=[source_of(self.cfg.policy)] * n,
             workload=[self.cfg.workload] * n, device=[self.device] * n,
         )  # fmt: skip
         self.writer.add(columns)
         self.rows_added += n
         if (t + 1) % self.cfg.record_every == 0:
             self.writer.flush()
-
-    def _forget(self, t: int) -> None:
-        """Delete iteration t's store keys (long done: every rank is past its all-reduce)."""
-        if t < 0:
-            return
-        for key in [P.ticket_key(t), P.cut_key(t)] + [
-            P.arrival_key(t, k) for k in range(1, self.world + 1)
-        ]:
-            self.c10d.delete_key(key)
 
     # -- the log and the run directory ----------------------------------------------------------
     def _drain(self, through: int) -> None:

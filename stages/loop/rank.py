@@ -21,7 +21,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +29,11 @@ import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.worker_report import WorkerReport
-from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError, first_line
-from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule
+from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
+from bdsgd.stages.ids import new_run_id
+from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule, source_of
 from bdsgd.stages.loop.timing import ComputeTimer
+from bdsgd.stages.safe_load import load_plain, save_atomic
 
 MAX_ITERATIONS = 1 << 31  # the length of a rank's column of injected delays
 STATS = 4  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned samples
@@ -104,7 +105,7 @@ class Cutoff:
         self.device = self.params[0].device
         self.optimizer = optimizer
         self.timer = ComputeTimer(self.device)
-        self.run_id = self._agree(cfg.run_id or new_run_id(_source(cfg.policy)))
+        self.run_id = self._agree(cfg.run_id or new_run_id(source_of(cfg.policy)))
         self.c10d = dist.PrefixStore(f"bdsgd/{self.run_id}/", _default_store())
         self.delays, emulated = _stragglers(cfg, self.world, self.rank)
         self.hosts = emulated or _gather(socket.gethostname())
@@ -447,41 +448,12 @@ def broadcast_module(model: torch.nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
-def save_atomic(state: dict, path: Path) -> None:
-    """``torch.save`` under a temporary name, synced, renamed into place: a failure (a full
-    disk raises RuntimeError from torch's zip writer) leaves the earlier file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot write checkpoint {path}: {first_line(exc)}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load_state(path: Path) -> dict:
     """A checkpoint written by :meth:`Cutoff.save` (``weights_only``: loading runs no code)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch's unpickler raises many kinds on a foreign file
-        raise CheckpointError(f"{path} is not a bdsgd loop checkpoint: {first_line(exc)}") from None
-    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+    state = load_plain(path, "bdsgd loop checkpoint")
+    if state.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path} is not a bdsgd loop checkpoint (version 1)")
     return state
-
-
-def new_run_id(source: str) -> str:
-    """A sortable, unique run id such as ``train-20261126T153000-1a2b3c``."""
-    return f"{source}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-def _source(policy: str) -> str:
-    return "profile" if policy == "full" else "train"
 
 
 def _scaled(lr, factor: float):

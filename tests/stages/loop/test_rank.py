@@ -167,7 +167,7 @@ def test_cutoff_without_a_process_group_says_what_to_call():
 def test_a_foreign_file_is_not_loaded_as_a_checkpoint(tmp_path):
     path = tmp_path / "notes.pt"
     path.write_text("not a checkpoint")
-    with pytest.raises(CheckpointError, match="not a bdsgd loop checkpoint"):
+    with pytest.raises(CheckpointError, match="bdsgd loop checkpoint"):
         load_state(path)
     torch.save({"version": 99}, path)
     with pytest.raises(CheckpointError, match="version 1"):
