@@ -97,10 +97,13 @@ def auto_choice(name: str, others: list[str], help: str):
 
 engine = auto_choice(
     "--engine",
-    ["collective", "ps"],
+    ["collective", "ps", "loop"],
     "collective: every worker holds a replica and the cut happens inside one all-reduce "
-    "(gloo or NCCL); ps: a parameter server process holds the model; auto: collective for the "
-    "cutoff policies, ps for the asynchronous ones (they run on ps only).",
+    "(gloo or NCCL); ps: a parameter server process holds the model; loop: every rank runs the "
+    "library's training loop (bdsgd.Cutoff: the workload's optimizer, scheduler, data, "
+    "autocast and clipping; the coordinator is a thread beside rank 0, no rank of its own); "
+    "auto: collective for the cutoff policies, ps for the asynchronous ones (they run on ps "
+    "only).",
 )
 device = auto_choice(
     "--device",

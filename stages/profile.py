@@ -107,6 +107,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     if tr is None:
         check_capacity(cfg.workers, cfg.allow_oversubscribe)
     run_id = new_run_id("profile")
+    if cfg.engine == "loop":
+        return profile_loop(cfg, run_id, tr)
     hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
     engine = engine_config(cfg, run_id=run_id, source="profile", hosts=hosts)
     if tr and tr.rank > 0:
@@ -118,6 +120,26 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     except (BdsgdError, KeyboardInterrupt):
         undo_store()  # a run that failed before its first row leaves no empty store behind
         raise
+
+
+def profile_loop(cfg: ProfileConfig, run_id: str, tr) -> ProfileResult | None:
+    """The profile on the library's loop (every rank measured by :class:`bdsgd.Cutoff`)."""
+    from bdsgd.stages.loop_runs import profile_on_loop
+
+    store = TraceStore(cfg.traces)
+    undo_store = store.check_writable() if tr is None or tr.rank == 0 else None
+    try:
+        rows = profile_on_loop(cfg, run_id, tr)
+    except (BdsgdError, KeyboardInterrupt):
+        if undo_store:
+            undo_store()
+        raise
+    if rows is None:
+        return None
+    per_worker = worker_summary(store, run_id)
+    console.print(worker_table(per_worker, run_id))
+    console.print(f"{rows} rows of run [bold]{run_id}[/] appended to {cfg.traces}")
+    return ProfileResult(run_id, rows, cfg.traces, per_worker)
 
 
 def profile_into(cfg: ProfileConfig, engine, store: TraceStore, run_id: str) -> ProfileResult:

@@ -189,7 +189,14 @@ class TrainConfig:
 def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     """Run (or, with ``resume``, continue) a training run; returns the summary (None on a
     torchrun worker rank, which only works)."""
-    if (tr := Torchrun.from_env()) and tr.rank > 0:
+    tr = Torchrun.from_env()
+    if cfg.engine == "loop":
+        from bdsgd.stages.loop_runs import train_on_loop
+
+        if tr is None:
+            check_capacity(cfg.workers, cfg.allow_oversubscribe)
+        return train_on_loop(cfg, resume, tr)
+    if tr and tr.rank > 0:
         return run_torchrun_worker(cfg.engine_settings("worker"), tr)
     if tr is None:
         check_capacity(cfg.workers, cfg.allow_oversubscribe)

@@ -9,7 +9,8 @@ workload is ``--workload package.module:function``; the function takes ``seed`` 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,17 @@ class Workload:
     given ``torch.Generator`` so each worker sees its own stream.
     ``loss(outputs, targets)``: a scalar loss.
     ``eval_batch``: a fixed held-out batch for the periodic evaluation loss.
+
+    What the training loop of ``--engine loop`` (``bdsgd.Cutoff``, the library) also takes;
+    None keeps the built-in behaviour:
+
+    ``optimizer(params, lr)``: a ``torch.optim`` optimizer (default SGD with momentum 0.9).
+    ``scheduler(optimizer, iterations)``: an LR scheduler stepped once per iteration (default
+    none: a constant learning rate).
+    ``data(rank, world, batch_size, seed)``: an iterable of this rank's mini-batches, a
+    ``DataLoader`` for instance (default: ``batch`` drawn from a per-rank generator).
+    ``autocast``: the dtype of ``torch.autocast`` around the forward pass (``torch.bfloat16``).
+    ``clip_norm``: the gradient norm clipped to after the all-reduce, before the step.
     """
 
     name: str
@@ -35,6 +47,49 @@ class Workload:
     batch: Callable[[torch.Generator, int], Batch]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     eval_batch: Batch
+    optimizer: Callable[..., torch.optim.Optimizer] | None = None
+    scheduler: Callable[..., object] | None = None
+    data: Callable[[int, int, int, int], Iterable] | None = None
+    autocast: torch.dtype | None = None
+    clip_norm: float | None = None
+
+    def loop_only(self) -> list[str]:
+        """The fields only ``--engine loop`` honours that this workload sets."""
+        names = ("optimizer", "scheduler", "data", "autocast", "clip_norm")
+        return [name for name in names if getattr(self, name) is not None]
+
+    def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """The workload's optimizer on the model's parameters, or SGD with momentum 0.9."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.optimizer is not None:
+            return self.optimizer(params, lr)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer, iterations: int):
+        """The workload's LR scheduler over ``iterations`` steps, or None."""
+        return None if self.scheduler is None else self.scheduler(optimizer, iterations)
+
+    def batches(self, rank: int, world: int, batch_size: int, seed: int, start: int = 0):
+        """Rank ``rank``'s mini-batches from iteration ``start`` on: the workload's ``data``
+        (an epoch after another; a resumed run skips the ``start`` batches it consumed), or
+        ``batch`` drawn from a generator seeded by the seed, the rank and the iteration (a
+        resumed run draws what an uninterrupted one would)."""
+        if self.data is None:
+            gen = torch.Generator()
+            for t in itertools.count(start):
+                gen.manual_seed((seed * 1_000_003 + rank) * 1_000_003 + t)
+                yield self.batch(gen, batch_size)
+        skip = start
+        while True:
+            empty = True
+            for item in self.data(rank, world, batch_size, seed):
+                empty = False
+                if skip:
+                    skip -= 1
+                    continue
+                yield item
+            if empty:
+                raise ConfigError(f"workload {self.name!r}: its data holds no batch")
 
 
 def mlp(seed: int = 0, dim: int = 32, hidden: int = 256, classes: int = 10) -> Workload:

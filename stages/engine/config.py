@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from bdsgd.stages.errors import ConfigError
 
-ENGINES = ("auto", "collective", "ps")
+ENGINES = ("auto", "collective", "ps", "loop")
 DEVICES = ("auto", "cpu", "cuda")
 ALLREDUCES = ("auto", "ring", "star")
 LR_SCALINGS = ("linear", "sqrt", "none", "adascale")

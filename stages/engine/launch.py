@@ -92,6 +92,9 @@ def run_engine(
         cfg = dataclasses.replace(cfg, host=advertised_host(cfg.host))
     start = int(resume["next_iteration"]) if resume else 0
     workload = load_workload(cfg.workload, seed=cfg.seed)
+    if fields := workload.loop_only():
+        raise ConfigError(f"workload {cfg.workload!r} sets {', '.join(fields)}: the {kind} engine "
+                          "trains with its own SGD; run it with --engine loop")  # fmt: skip
     if kind == "collective":
         publish_settings(c10d, cfg, tr is not None, workload, checkpointed=run_dir is not None)
     c10d.set(P.VARIANT_KEY, kind)

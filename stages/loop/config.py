@@ -57,6 +57,11 @@ class LoopConfig:
     first reaches it."""
     workload: str = "user"
     """The trace rows' ``workload`` column."""
+    overhead_s: float = 0.0
+    """A fixed cost per iteration the policy adds to the wait (``bdsgd train --overhead-s``)."""
+    explore: float = 0.0
+    """Share of iterations in which a learning policy waits for every rank (uncensored
+    observations of the tail)."""
 
     def __post_init__(self) -> None:
         if self.micro_batches < 1:
@@ -67,6 +72,10 @@ class LoopConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+            raise ConfigError(f"overhead_s must be a finite number >= 0, got {self.overhead_s}")
+        if not 0.0 <= self.explore < 1.0:
+            raise ConfigError(f"explore must be in [0, 1), got {self.explore}")
         if self.record_every < 1:
             raise ConfigError(f"record_every must be at least 1, got {self.record_every}")
         if self.coordinator_rank < 0:

@@ -49,7 +49,8 @@ class LoopCoordinator:
         # rank's loop on the other thread takes its tickets through the same store
         self.cfg, self.c10d, self.world = cfg, own_connection(c10d), world
         self.hosts, self.run_id, self.device = list(hosts), run_id, device
-        self.policy = make_policy(cfg.policy, world, cfg.checkpoint, self.hosts, seed=cfg.seed)
+        self.policy = make_policy(cfg.policy, world, cfg.checkpoint, self.hosts, seed=cfg.seed,
+                                  overhead_s=cfg.overhead_s, explore=cfg.explore)  # fmt: skip
         if self.policy.mode != "sync" or cfg.policy == "oracle":
             raise BdsgdError(f"policy {cfg.policy!r} cannot cut a training loop's iterations")
         self.driver = IterationDriver(self.policy, world)

@@ -16,6 +16,7 @@ WORKER_SIDE = (
     "bdsgd.stages.engine.worker",
     "bdsgd.stages.engine.replica",
     "bdsgd.stages.engine.async_worker",
+    "bdsgd.stages.loop.job",  # (--engine loop's ranks: the library's rank side)
 )
 ENGINE_SIDE = (
     "polars",

@@ -1,0 +1,95 @@
+"""Run the loop of :mod:`bdsgd.stages.loop.job` as N ranks on this machine: this process hosts
+the c10d store (loopback unless the user names an address) and watches; it is no rank, and the
+coordinator is a thread beside rank 0's loop, so every rank trains.
+
+Each rank starts through :mod:`bdsgd.stages.engine.spawned` (SIGINT and SIGTERM ignored: a
+Ctrl-C is this process's to handle). A rank that exits with an error, a start that takes longer
+than ``start_timeout_s`` or a run whose progress stalls longer than twice the timeout ends every
+rank (SIGKILL after a grace), and the error names the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import pickle
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine import spawned
+from bdsgd.stages.engine.launch import join_or_kill
+from bdsgd.stages.errors import WorkerError
+from bdsgd.stages.loop.job import FAILURE_KEY, PROGRESS_KEY, LoopJob, RankSpec, rank_main
+
+POLL_S = 0.1
+
+
+def run_local(
+    job: LoopJob, world: int, start_timeout_s: float, on_progress: Callable[[int, float], None]
+) -> None:
+    """Run ``job`` on ``world`` spawned ranks until every one exits; ``on_progress(t, loss)``
+    with rank 0's iterations done and smoothed loss as they come. Raises :class:`WorkerError`
+    when a rank fails; KeyboardInterrupt passes after every rank is ended."""
+    P.quiet_c10d_logs()
+    store = P.open_store(job.host, 0, True, job.loop.timeout_s)
+    procs: list[mp.Process] = []
+    grace_s = 0.0  # (a failure or a Ctrl-C: the checkpoint and the rows on disk agree already)
+    try:
+        spawn_ranks(job, world, store.port, procs)
+        watch(procs, store, job.loop.timeout_s, start_timeout_s, on_progress)
+        grace_s = 10.0
+    finally:
+        join_or_kill(procs, grace_s=grace_s)
+
+
+def spawn_ranks(job: LoopJob, world: int, port: int, procs: list[mp.Process]) -> None:
+    ctx = mp.get_context("spawn")
+    target = f"{rank_main.__module__}:{rank_main.__qualname__}"
+    for rank in range(world):
+        spec = pickle.dumps(RankSpec(job, rank, world, port))
+        proc = ctx.Process(target=spawned.run, args=(target, spec), name=f"bdsgd-rank-{rank}",
+                           daemon=True)  # fmt: skip
+        proc.start()
+        procs.append(proc)
+
+
+def watch(procs, store: dist.Store, timeout_s: float, start_timeout_s: float, on_progress):
+    """Until every rank exited: report progress; fail on a rank's error or a stall."""
+    seen, changed = None, time.monotonic()
+    while any(p.exitcode is None for p in procs):
+        if failed := [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]:
+            raise WorkerError(failure(store, failed[0], procs[failed[0]].exitcode))
+        now = progress_of(store)
+        if now is not None and now != seen:
+            seen, changed = now, time.monotonic()
+            on_progress(*now)
+        allowed = start_timeout_s + timeout_s if seen is None else 2 * timeout_s
+        if time.monotonic() - changed > allowed:
+            what = "started" if seen is None else f"advanced past iteration {seen[0]}"
+            raise WorkerError(f"the ranks have not {what} within {allowed:g} s")
+        for p in procs:
+            p.join(POLL_S / len(procs))
+    if (now := progress_of(store)) is not None and now != seen:
+        on_progress(*now)
+
+
+def failure(store: dist.Store, rank: int, code: int) -> str:
+    """The first failed rank's own line, else which rank exited how."""
+    deadline = time.monotonic() + 2.0  # (its line is set before it exits; others may be first)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if store.check([FAILURE_KEY]):
+                return store.get(FAILURE_KEY).decode()
+        time.sleep(0.05)
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return f"rank {rank} {how}"
+
+
+def progress_of(store: dist.Store) -> tuple[int, float] | None:
+    with contextlib.suppress(Exception):
+        if store.check([PROGRESS_KEY]):
+            t, loss = store.get(PROGRESS_KEY).decode().split()
+            return int(t), float(loss)
+    return None

@@ -1,0 +1,204 @@
+"""``bdsgd train --engine loop`` and ``bdsgd profile --engine loop``: the command line as a client
+of the library (:class:`bdsgd.Cutoff`). Every rank trains the workload in the loop of
+:mod:`bdsgd.stages.loop.job` (its optimizer, scheduler, data, autocast and clipping); the
+coordinator is a thread beside rank 0's loop, never a rank. On one machine this process starts
+the ranks (:mod:`bdsgd.stages.loop.local`) and is none of them; under ``torchrun`` every rank runs
+the loop and ``--workers`` is the world size.
+
+What the loop does not do (yet) is refused with one line: asynchronous policies, ``adascale``,
+``--allreduce``, ``--max-wall-s``, ``--min-workers`` below N (a rank that dies ends the run; it
+resumes from the last checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from bdsgd.schemas.run_dir import write_atomic
+from bdsgd.stages.console import console, progress
+from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
+from bdsgd.stages.loop.config import LoopConfig
+from bdsgd.stages.loop.job import LoopJob, run_torchrun_rank
+from bdsgd.stages.loop.local import run_local
+from bdsgd.stages.loop.rank import load_state
+from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.store import TraceStore, new_run_id
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def loop_job(cfg, run_id: str, policy: str, out: Path | None, **loop) -> LoopJob:
+    """The job of a train or profile config (fields of the same name mean the same)."""
+    get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
+    lr_scaling = get("lr_scaling", "linear")
+    config = LoopConfig(
+        policy=policy, checkpoint=None if get("checkpoint") is None else str(cfg.checkpoint),
+        traces=str(cfg.traces), out=None if out is None else str(out),
+        micro_batches=cfg.micro_batches, salvage=get("salvage", False), lr_scaling=lr_scaling,
+        stragglers=cfg.stragglers, time_scale=cfg.time_scale, seed=cfg.seed, run_id=run_id,
+        timeout_s=cfg.timeout_s, workload=cfg.workload, target_loss=get("target_loss"),
+        overhead_s=get("overhead_s") or 0.0, explore=get("explore", 0.0),
+        record_every=get("record_batch", 25), **loop,
+    )  # fmt: skip
+    return LoopJob(
+        loop=config, workload=cfg.workload, iterations=cfg.iterations, batch_size=cfg.batch_size,
+        lr=get("lr", 0.05), device=cfg.device, eval_every=get("eval_every", 10),
+        save_every=get("record_batch", 25), host=cfg.host,
+        stop_at=cfg.target_loss if get("stop_at_target") else None,
+    )  # fmt: skip
+
+
+def check_loop_flags(cfg) -> None:
+    """The flags the loop engine does not take, one line each."""
+    if getattr(cfg, "lr_scaling", "linear") == "adascale":
+        raise ConfigError("--lr-scaling adascale runs on --engine collective or ps, not loop")
+    if cfg.allreduce != "auto":
+        raise ConfigError("--allreduce: the loop engine sums with the process group's all-reduce")
+    if getattr(cfg, "max_wall_s", None) is not None:
+        raise ConfigError("--max-wall-s runs on --engine collective or ps, not loop")
+    if getattr(cfg, "min_workers", 1) not in (1, cfg.workers):
+        raise ConfigError("--min-workers: on --engine loop a rank that dies ends the run")
+
+
+# -- train ----------------------------------------------------------------------------------------
+def train_on_loop(cfg, resume: bool, torchrun) -> dict | None:
+    """``bdsgd train --engine loop``: this process holds the run directory's lock (rank 0 under
+    torchrun; every other rank only trains)."""
+    from bdsgd.stages.run_lock import RunDirLock
+
+    if torchrun is not None and torchrun.rank > 0:
+        return run_torchrun_rank(loop_job(cfg, "worker", cfg.policy, cfg.out))
+    lock = RunDirLock(cfg.out)
+    try:
+        return train_holding_lock(cfg, resume, lock, torchrun)
+    finally:
+        lock.release()
+
+
+def train_holding_lock(cfg, resume: bool, lock, torchrun) -> dict | None:
+    from bdsgd.stages.train import prepare_run_dir
+
+    if resume:
+        lock.acquire()
+    check_loop_flags(cfg)
+    check_world(cfg, torchrun)
+    state = resumable(cfg) if resume else None
+    run_id = state["run_id"] if state else new_run_id("train")
+    check_policy(cfg, cfg.policy)
+    undo = None if resume else prepare_run_dir(dataclasses.replace(cfg, run_id=run_id))
+    if undo:
+        lock.acquire()
+    undo_store = None
+    try:
+        undo_store = TraceStore(cfg.traces).check_writable()
+        job = loop_job(cfg, run_id, cfg.policy, cfg.out)
+        summary = run_job(job, cfg, torchrun, f"train {cfg.policy}")
+        return finish_train(cfg, summary)
+    except (BdsgdError, KeyboardInterrupt):
+        if undo_store:
+            undo_store()
+        if undo and not (cfg.out / CHECKPOINT).exists():
+            lock.release(remove=True)
+            undo()
+        raise
+
+
+def resumable(cfg) -> dict:
+    """The run directory's loop checkpoint (``weights_only``), checked against the config."""
+    path = cfg.out / CHECKPOINT
+    if not path.is_file():
+        raise CheckpointError(f"{cfg.out} has no {CHECKPOINT}: nothing to resume")
+    state = load_state(path)
+    if state.get("world_size") != cfg.workers:
+        raise CheckpointError(f"{path} holds a {state.get('world_size')}-rank run, the config "
+                              f"says {cfg.workers}")  # fmt: skip
+    if cfg.run_id is not None and state.get("run_id") != cfg.run_id:
+        raise CheckpointError(f"{path} belongs to run {state.get('run_id')}, not {cfg.run_id}")
+    if int(state["next_iteration"]) >= cfg.iterations:
+        raise ConfigError(f"{cfg.out} has already run {int(state['next_iteration'])} iterations: "
+                          "pass --iterations above that to extend it")  # fmt: skip
+    return state
+
+
+def finish_train(cfg, summary: dict | None) -> dict | None:
+    """The summary the coordinator wrote, with why the run ended, printed in one line."""
+    if summary is None:
+        return None  # (a torchrun rank other than 0)
+    stopped = "iterations" if summary["iterations"] >= cfg.iterations else "target"
+    summary = {**summary, "stopped": stopped, "interrupted": False, "complete": True}
+    write_atomic(cfg.out / "summary.json", json.dumps(summary, indent=2).encode())
+    final = summary["final_loss"]
+    console.print(
+        f"{cfg.policy} (loop engine): {summary['throughput']:.1f} gradients/s, mean c "
+        f"{summary['mean_c']:.2f}, final loss {final if final is not None else float('nan'):.3f}, "
+        f"{summary['rows_appended']} rows appended to {cfg.traces}, run in {cfg.out}"
+    )
+    if stopped == "target":
+        console.print(f"stopped after {summary['iterations']} iterations: target reached")
+    return summary
+
+
+# -- profile --------------------------------------------------------------------------------------
+def profile_on_loop(cfg, run_id: str, torchrun) -> int | None:
+    """``bdsgd profile --engine loop``: policy ``full`` measures every rank; returns the rows
+    appended (None on a torchrun rank other than 0)."""
+    check_loop_flags(cfg)
+    check_world(cfg, torchrun)
+    store = TraceStore(cfg.traces)
+    before = rows_of(store, run_id)
+    summary = run_job(loop_job(cfg, run_id, "full", None), cfg, torchrun, "profile")
+    if torchrun is not None and summary is None:
+        return None
+    return rows_of(store, run_id) - before
+
+
+def rows_of(store: TraceStore, run_id: str) -> int:
+    if not store.files():
+        return 0
+    rows = store.read()
+    return int((rows["run_id"] == run_id).sum())
+
+
+# -- both -----------------------------------------------------------------------------------------
+def check_world(cfg, torchrun) -> None:
+    if torchrun is not None and cfg.workers != torchrun.world_size:
+        raise ConfigError(f"under torchrun --engine loop trains on every rank: --workers must be "
+                          f"the world size {torchrun.world_size}, got {cfg.workers}")  # fmt: skip
+
+
+def check_policy(cfg, policy: str) -> None:
+    """The policy builds (a missing model, an unknown name) before any rank starts."""
+    from bdsgd.stages.profile import engine_hosts
+
+    hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
+    built = make_policy(policy, cfg.workers, cfg.checkpoint, list(hosts), seed=cfg.seed)
+    if built.mode != "sync" or policy == "oracle":
+        raise ConfigError(f"policy {policy!r} does not run on --engine loop (synchronous cutoff "
+                          "policies do: full, static:C, elfving, ecdf, ewma, bdsgd, ...)")  # fmt: skip
+
+
+def run_job(job: LoopJob, cfg, torchrun, title: str) -> dict | None:
+    """The ranks of ``job``: spawned here, or this process as one of torchrun's."""
+    if torchrun is not None:
+        return run_torchrun_rank(job)
+    with progress() as bar:
+        task = bar.add_task(f"{title} on {cfg.workers} ranks", total=cfg.iterations, status="")
+
+        def on_progress(t: int, loss: float) -> None:
+            status = "" if loss != loss else f"loss {loss:.3f}"
+            bar.update(task, completed=t, status=status)
+
+        run_local(job, cfg.workers, cfg.start_timeout_s, on_progress)
+    if job.loop.out is None:
+        return {}
+    return read_summary(Path(job.loop.out))
+
+
+def read_summary(out: Path) -> dict:
+    path = out / "summary.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BdsgdError(f"the ranks ended without a readable {path}: {exc}") from None

@@ -1,0 +1,192 @@
+"""``bdsgd train/profile --engine loop``: the command line as a client of the library. Real ranks
+over gloo on loopback, spawned by the command (which is no rank); every test reaps its session."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.loop_runs import check_loop_flags, loop_job
+from bdsgd.stages.store import TraceStore
+from bdsgd.stages.train import TrainConfig
+
+from tests.cli.test_train_cli import listening_addresses, running, session_of
+from tests.stages.loop.adamw_workload import warmup_cosine
+
+BDSGD = str(Path(sys.executable).with_name("bdsgd"))
+ROOT = Path(__file__).resolve().parents[2]
+ADAMW = "tests.stages.loop.adamw_workload:adamw"
+WAIT_S = 240.0  # a whole short run on a loaded machine (start-up imports torch in every rank)
+
+
+def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [BDSGD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})},
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float = WAIT_S) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    finally:
+        reap(proc)
+
+
+def reap(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+def train(tmp: Path, *extra: str, name: str = "run", env=None) -> tuple[int, str, str]:
+    args = ["train", "--engine", "loop", "--workers", "2", "--policy", "full",
+            "--workload", ADAMW, "--batch-size", "8", "--micro-batches", "2", "--lr", "0.01",
+            "--traces", str(tmp / "traces"), "--out", str(tmp / name), *extra]  # fmt: skip
+    return finish(start(*args, env=env))
+
+
+def checkpoint(run: Path) -> dict:
+    return torch.load(run / "checkpoint.pt", weights_only=True)
+
+
+@pytest.mark.timeout(600)
+def test_train_on_loop_trains_every_rank_with_the_workloads_optimizer_and_schedule(tmp_path):
+    rc, _, err = train(tmp_path, "--iterations", "12")
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["engine"] == "loop" and summary["world_size"] == 2  # no rank coordinates
+    assert summary["iterations"] == 12 and summary["stopped"] == "iterations"
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == 24 and not rows["censored"].any()
+    state = checkpoint(tmp_path / "run")
+    assert state["next_iteration"] == 12 and state["scheduler"]["last_epoch"] == 12
+    moments = state["optimizer"]["state"]
+    assert moments and all("exp_avg_sq" in s for s in moments.values())  # AdamW's
+    lrs = pl.read_parquet(tmp_path / "run" / "iterations.parquet")["lr"].to_list()
+    assert lrs == pytest.approx([0.01 * warmup_cosine(t) for t in range(12)], rel=1e-6)
+
+
+@pytest.mark.timeout(900)
+def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(tmp_path):
+    """Ctrl-C (the command's SIGTERM relay) after the first checkpoint (iteration 25), then
+    --resume: the model,
+    AdamW's moments and the schedule end where a run without the interruption ends."""
+    rc, _, err = train(tmp_path, "--iterations", "60", name="straight")
+    assert rc == 0, err
+    proc = start("train", "--engine", "loop", "--workers", "2", "--policy", "full",
+                 "--workload", ADAMW, "--batch-size", "8", "--micro-batches", "2", "--lr", "0.01",
+                 "--traces", str(tmp_path / "traces2"), "--out", str(tmp_path / "cut"),
+                 "--iterations", "60",
+                 "--stragglers", "synthetic:base_s=0.05,sigma=0,spike_p=0")  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (tmp_path / "cut" / "checkpoint.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        rc, _, err = finish(proc, 60)
+    finally:
+        reap(proc)
+    assert rc != 0 and checkpoint(tmp_path / "cut")["next_iteration"] < 60, err
+    rc, _, err = finish(start("train", "--resume", str(tmp_path / "cut"), "--workload", ADAMW))
+    assert rc == 0, err
+    a, b = checkpoint(tmp_path / "straight"), checkpoint(tmp_path / "cut")
+    assert b["next_iteration"] == 60 and b["scheduler"] == a["scheduler"]
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=1e-6)
+    rows = TraceStore(tmp_path / "traces2").read()
+    assert sorted(zip(rows["iteration"], rows["worker"], strict=True)) == [
+        (t, w) for t in range(60) for w in range(2)
+    ]  # nothing missing, nothing twice
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_that_fails_ends_the_run_with_one_line_naming_it_and_no_process_left(tmp_path):
+    proc = start("train", "--engine", "loop", "--workers", "2", "--policy", "static:1",
+                 "--workload", ADAMW, "--batch-size", "8", "--iterations", "40",
+                 "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
+                 env={"ADAMW_FAIL_AT": "1:5"})  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=WAIT_S)
+        left = [p for p in session_of(proc.pid) if running(p)]  # before the test reaps any
+    finally:
+        reap(proc)
+    assert proc.returncode != 0
+    assert err.strip().splitlines()[-1] == (
+        "error: rank 1: RuntimeError: rank 1: the data pipeline broke at batch 5"
+    ), err  # the first failed rank's own error, in one line (rank 0's broken group: not it)
+    assert "Traceback" not in err
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+
+
+@pytest.mark.timeout(600)
+def test_profile_on_loop_measures_every_rank_and_listens_on_loopback_alone(tmp_path):
+    proc = start("profile", "--engine", "loop", "--workers", "2", "--iterations", "400",
+                 "--traces", str(tmp_path / "traces"), "--batch-size", "8",
+                 "--stragglers", "synthetic:base_s=0.01")  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        listening: list = []
+        while len(listening) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # the store, and each rank's gloo listener once they are up
+            listening = listening_addresses(session_of(proc.pid))
+        rc, _, err = finish(proc)
+    finally:
+        reap(proc)
+    assert rc == 0, err
+    assert len(listening) >= 3 and {a for a, _ in listening} == {"127.0.0.1"}, listening
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == 800 and set(rows["source"]) == {"profile"}
+    assert not rows["censored"].any() and set(rows["worker"]) == {0, 1}
+
+
+def config(tmp_path, **values) -> TrainConfig:
+    base = dict(workers=2, iterations=10, policy="full", traces=tmp_path / "t",
+                out=tmp_path / "o", engine="loop")  # fmt: skip
+    return TrainConfig(**{**base, **values})
+
+
+@pytest.mark.parametrize(
+    ("values", "flag"),
+    [
+        ({"lr_scaling": "adascale"}, "adascale"),
+        ({"allreduce": "star"}, "--allreduce"),
+        ({"max_wall_s": 5.0}, "--max-wall-s"),
+        ({"min_workers": 2, "workers": 3}, "--min-workers"),
+    ],
+)
+def test_what_the_loop_does_not_do_is_refused_in_one_line(tmp_path, values, flag):
+    with pytest.raises(ConfigError, match=flag):
+        check_loop_flags(config(tmp_path, **values))
+
+
+def test_the_job_carries_the_train_flags_to_the_library(tmp_path):
+    cfg = config(tmp_path, salvage=True, lr_scaling="sqrt", target_loss=0.5,
+                 stop_at_target=True, explore=0.1, overhead_s=0.002)  # fmt: skip
+    job = loop_job(cfg, "run-x", cfg.policy, cfg.out)
+    assert (job.loop.salvage, job.loop.lr_scaling, job.loop.run_id) == (True, "sqrt", "run-x")
+    assert (job.loop.explore, job.loop.overhead_s, job.stop_at) == (0.1, 0.002, 0.5)
+    assert job.loop.out == str(cfg.out) and job.iterations == 10
+
+
+@pytest.mark.timeout(300)
+def test_a_workload_with_its_own_optimizer_is_refused_by_the_engines_that_ignore_it(tmp_path):
+    rc, _, err = finish(start("train", "--engine", "collective", "--workers", "2", "--policy",
+                              "full", "--workload", ADAMW, "--iterations", "5", "--traces",
+                              str(tmp_path / "t"), "--out", str(tmp_path / "o")))  # fmt: skip
+    assert rc != 0 and "run it with --engine loop" in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
