@@ -33,3 +33,17 @@ def test_two_ranks_share_a_gpu_over_gloo_and_the_slow_one_is_cut(tmp_path):
     r0, r1 = load(tmp_path / "r", 0), load(tmp_path / "r", 1)
     assert r0["params"] == r1["params"]
     assert r0["cut"] == [True] * 3 and r1["admitted"] == [1] * 3
+
+
+@cuda
+@pytest.mark.timeout(600)
+def test_train_engine_loop_on_the_gpu_in_bf16_with_the_workloads_adamw(tmp_path):
+    """``bdsgd train --engine loop --device cuda``: two ranks share the GPU over gloo, the
+    workload's AdamW, schedule, clipping and bf16 autocast on CUDA tensors."""
+    from tests.stages.test_loop_runs import checkpoint, train
+
+    rc, _, err = train(tmp_path, "--iterations", "10", "--device", "cuda")
+    assert rc == 0, err
+    rows = TraceStore(tmp_path / "traces").read()
+    assert set(rows["device"].to_list()) == {"cuda"} and rows.height == 20
+    assert checkpoint(tmp_path / "run")["next_iteration"] == 10
