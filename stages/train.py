@@ -406,11 +406,19 @@ def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: in
     run = TraceStore(traces).run_matrix(run_id, missing_ok=True)
     if run is None:
         return next_iteration
-    for t in np.flatnonzero(run.present.any(axis=1)):
+    observe_run(policy, run)
+    return max(next_iteration, run.shape[0])
+
+
+def observe_run(policy: Policy, run, before: int | None = None) -> int:
+    """Feed ``policy`` a run's iterations (before ``before``) as it saw them: arrivals exactly,
+    the rest censored; returns how many."""
+    rows = np.flatnonzero(run.present[:before].any(axis=1))
+    for t in rows:
         seen = run.present[t]  # a worker with no row (dead) is censored at the slowest seen
         runtimes = np.where(seen, run.runtimes[t], run.runtimes[t][seen].max())
         policy.observe(runtimes, run.censored[t] | ~seen)
-    return max(next_iteration, run.shape[0])
+    return int(rows.size)
 
 
 def run_with_live_view(cfg, engine_cfg, policy, state, stop: StopRule) -> EngineResult:

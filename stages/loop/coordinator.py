@@ -31,7 +31,7 @@ from bdsgd.stages.loop.config import LoopConfig, source_of
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.store import TraceStore, TraceWriter
-from bdsgd.stages.train import time_to_loss
+from bdsgd.stages.train import observe_run, time_to_loss
 
 IDLE_WAIT_S = 5.0  # longest single store wait for an arrival when no tick is due
 MIN_WAIT_S = 0.001  # shortest store wait before a due tick
@@ -64,6 +64,7 @@ class LoopCoordinator:
         self.logged_through = -1  # the last iteration in the log
         self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
         self.rows_added = 0
+        self.replayed = 0  # a resumed run: iterations of its traces fed to the policy
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.janitor = KeyJanitor(self.c10d)
@@ -91,6 +92,7 @@ class LoopCoordinator:
         self.log = earlier_log(self.cfg.out, t)
         self.logged_through = t - 1
         self.skip_through = last_iteration_on_disk(self.cfg.traces, run_id)
+        self.replayed = replay_policy(self.policy, self.cfg.traces, run_id, t)
 
     def record(self, through: int) -> None:
         """Write the trace rows of every iteration coordinated so far and wait until they are
@@ -351,6 +353,16 @@ def last_iteration_on_disk(traces: str | None, run_id: str) -> int:
     rows = TraceStore(traces).read()
     mine = rows.filter(rows["run_id"] == run_id)
     return int(mine["iteration"].max()) if mine.height else -1
+
+
+def replay_policy(policy, traces: str | None, run_id: str, before: int) -> int:
+    """A resumed run's policy learns what the run observed before iteration ``before`` (its
+    rows in the trace store), as an uninterrupted one would have; returns how many
+    iterations."""
+    if traces is None:
+        return 0
+    run = TraceStore(traces).run_matrix(run_id, missing_ok=True)
+    return 0 if run is None else observe_run(policy, run, before)
 
 
 def _float(value) -> float | None:

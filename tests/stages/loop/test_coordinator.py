@@ -94,3 +94,18 @@ def test_the_report_names_the_slow_ranks_a_loop_found(coordinator, tmp_path):
     run_report(ReportConfig(run_dirs=(tmp_path / "run",), out=tmp_path / "report"))
     index = (tmp_path / "report" / "index.md").read_text()
     assert "## Persistently slow ranks" in index and "rank 0 on `h0`" in index
+
+
+def test_a_resumed_coordinator_feeds_its_policy_the_runs_earlier_iterations(tmp_path):
+    """What the run observed before the checkpoint (its rows in the store) reaches the policy,
+    the rows after it do not (they are run again)."""
+    from tests.conftest import make_trace_rows
+
+    TraceStore(tmp_path / "traces").append(make_trace_rows(iterations=6, workers=3, run_id="r"))
+    cfg = LoopConfig(policy="ecdf", traces=str(tmp_path / "traces"))
+    coord = LoopCoordinator(cfg, dist.HashStore(), 3, ["h0", "h1", "h2"], "new", "cpu")
+    seen = []
+    coord.policy.observe = lambda runtimes, censored: seen.append(runtimes.tolist())
+    coord.resumed_at(4, "r")
+    assert coord.replayed == 4 and seen == [[1.0, 2.0, 3.0]] * 4
+    assert coord.run_id == "r" and coord.skip_through == 5
