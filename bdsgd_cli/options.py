@@ -105,6 +105,14 @@ engine = auto_choice(
     "auto: collective for the cutoff policies, ps for the asynchronous ones (they run on ps "
     "only).",
 )
+profile_engine = auto_choice(
+    "--engine",
+    ["loop", "collective", "ps"],
+    "loop: every rank runs the library's loop (bdsgd.Cutoff under policy full: compute time "
+    "measured before the collective, CUDA events on a GPU), as a user's own job is profiled; "
+    "collective or ps: those engines' workers; auto: loop (collective when --allreduce is "
+    "given).",
+)
 device = auto_choice(
     "--device",
     ["cpu", "cuda"],

@@ -20,7 +20,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.time_scale
 @options.seed
 @options.micro_batches
-@options.engine
+@options.profile_engine
 @options.device
 @options.allreduce
 @options.host

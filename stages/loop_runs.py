@@ -50,6 +50,18 @@ def loop_job(cfg, run_id: str, policy: str, out: Path | None, **loop) -> LoopJob
     )  # fmt: skip
 
 
+def check_inputs(cfg) -> tuple[str, ...]:
+    """What the ranks would fail on, checked here first (one line, nothing started): the
+    stragglers spec and the workload; returns the trace host of each rank."""
+    from bdsgd.stages.profile import engine_hosts
+    from bdsgd.stages.workloads import load_workload
+
+    LoopConfig(time_scale=cfg.time_scale, timeout_s=cfg.timeout_s, micro_batches=cfg.micro_batches)
+    hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
+    load_workload(cfg.workload, seed=cfg.seed)
+    return hosts
+
+
 def check_loop_flags(cfg) -> None:
     """The flags the loop engine does not take, one line each."""
     if getattr(cfg, "lr_scaling", "linear") == "adascale":
@@ -146,6 +158,7 @@ def profile_on_loop(cfg, run_id: str, torchrun) -> int | None:
     appended (None on a torchrun rank other than 0)."""
     check_loop_flags(cfg)
     check_world(cfg, torchrun)
+    check_inputs(cfg)
     store = TraceStore(cfg.traces)
     before = rows_of(store, run_id)
     summary = run_job(loop_job(cfg, run_id, "full", None), cfg, torchrun, "profile")
@@ -169,10 +182,9 @@ def check_world(cfg, torchrun) -> None:
 
 
 def check_policy(cfg, policy: str) -> None:
-    """The policy builds (a missing model, an unknown name) before any rank starts."""
-    from bdsgd.stages.profile import engine_hosts
-
-    hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
+    """The inputs and the policy build (a missing model, an unknown name) before any rank
+    starts."""
+    hosts = check_inputs(cfg)
     built = make_policy(policy, cfg.workers, cfg.checkpoint, list(hosts), seed=cfg.seed)
     if built.mode != "sync" or policy == "oracle":
         raise ConfigError(f"policy {policy!r} does not run on --engine loop (synchronous cutoff "

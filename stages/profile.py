@@ -1,7 +1,9 @@
 """``bdsgd profile``: measure a real multi-process cluster into Parquet run-time traces.
 
-The profile is the engine run fully synchronously (policy ``full``): every worker's run-time of
-every iteration is observed, none censored.
+The profile is a training run under policy ``full``: every worker's run-time of every iteration
+is observed, none censored. By default it runs on the library's loop (``bdsgd.Cutoff``: every
+rank's compute time measured before the collective, CUDA events on a GPU), the way a user's own
+job is profiled; ``--engine collective`` or ``ps`` profile those engines.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class ProfileConfig:
     micro_batches: int = 4
     """Micro-batches per mini-batch (the points where a computation can be abandoned)."""
     engine: str = "auto"
-    """collective (replicas, the cut inside an all-reduce), ps (parameter server) or auto
-    (collective for the cutoff policies, ps for the asynchronous ones, which need it)."""
+    """loop (every rank runs the library's loop, :mod:`bdsgd.stages.loop_runs`), collective
+    (replicas under a coordinator rank) or ps (parameter server); auto: loop, or collective
+    when ``allreduce`` is set (only that engine takes it)."""
     device: str = "auto"
     """auto, cpu or cuda: where the collective engine's workers compute."""
     allreduce: str = "auto"
@@ -107,7 +110,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     if tr is None:
         check_capacity(cfg.workers, cfg.allow_oversubscribe)
     run_id = new_run_id("profile")
-    if cfg.engine == "loop":
+    if on_loop(cfg):
         return profile_loop(cfg, run_id, tr)
     hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
     engine = engine_config(cfg, run_id=run_id, source="profile", hosts=hosts)
@@ -120,6 +123,12 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     except (BdsgdError, KeyboardInterrupt):
         undo_store()  # a run that failed before its first row leaves no empty store behind
         raise
+
+
+def on_loop(cfg: ProfileConfig) -> bool:
+    """Whether the profile runs on the library's loop: ``--engine loop``, or ``auto`` without
+    ``--allreduce`` (a collective-engine setting)."""
+    return cfg.engine == "loop" or (cfg.engine == "auto" and cfg.allreduce == "auto")
 
 
 def profile_loop(cfg: ProfileConfig, run_id: str, tr) -> ProfileResult | None:
