@@ -108,13 +108,25 @@ def train_holding_lock(cfg, resume: bool, lock, torchrun) -> dict | None:
         job = loop_job(cfg, run_id, cfg.policy, cfg.out)
         summary = run_job(job, cfg, torchrun, f"train {cfg.policy}")
         return finish_train(cfg, summary)
-    except (BdsgdError, KeyboardInterrupt):
+    except (BdsgdError, KeyboardInterrupt) as exc:
         if undo_store:
             undo_store()
         if undo and not (cfg.out / CHECKPOINT).exists():
             lock.release(remove=True)
             undo()
+        mark_ended(cfg.out, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
         raise
+
+
+def mark_ended(out: Path, how: str) -> None:
+    """A run that did not finish says why in the summary of its last checkpoint."""
+    path = out / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+        summary.update(stopped=how, interrupted=how == "interrupted", complete=False)
+        write_atomic(path, json.dumps(summary, indent=2).encode())
+    except (OSError, ValueError):
+        pass  # (none written yet, or the disk is full: the checkpoint's own stays)
 
 
 def resumable(cfg) -> dict:
@@ -161,7 +173,8 @@ def profile_on_loop(cfg, run_id: str, torchrun) -> int | None:
     check_inputs(cfg)
     store = TraceStore(cfg.traces)
     before = rows_of(store, run_id)
-    summary = run_job(loop_job(cfg, run_id, "full", None), cfg, torchrun, "profile")
+    job = dataclasses.replace(loop_job(cfg, run_id, "full", None), eval_every=0)
+    summary = run_job(job, cfg, torchrun, "profile")
     if torchrun is not None and summary is None:
         return None
     return rows_of(store, run_id) - before

@@ -48,7 +48,7 @@ class LoopJob:
     batch_size: int
     lr: float
     device: str = "auto"
-    eval_every: int = 10
+    eval_every: int = 10  # 0: no held-out evaluation (a profile)
     save_every: int = 25  # iterations between checkpoints (with a run directory)
     stop_at: float | None = None  # end once the smoothed training loss reaches it
     host: str = "127.0.0.1"  # the control store's address (spawned ranks)
@@ -127,7 +127,7 @@ def run_rank(job: LoopJob, device: torch.device, progress: dist.Store | None = N
     report = Progress(progress, start)
     for t in range(start, job.iterations):
         one_iteration(cut, workload, opt, sched, to_device(next(batches), device))
-        if rank == 0 and (t + 1) % job.eval_every == 0:
+        if rank == 0 and job.eval_every and (t + 1) % job.eval_every == 0:
             cut.log_eval(evaluate(workload, device))
         if job.loop.out and (t + 1) % job.save_every == 0 and t + 1 < job.iterations:
             cut.save(opt, sched)

@@ -102,6 +102,8 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
     finally:
         reap(proc)
     assert rc != 0 and checkpoint(tmp_path / "cut")["next_iteration"] < 60, err
+    ended = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert ended["stopped"] == "interrupted" and not ended["complete"]
     rc, _, err = finish(start("train", "--resume", str(tmp_path / "cut"), "--workload", ADAMW))
     assert rc == 0, err
     a, b = checkpoint(tmp_path / "straight"), checkpoint(tmp_path / "cut")

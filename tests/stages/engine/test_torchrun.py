@@ -113,3 +113,35 @@ def test_train_under_torchrun_two_nodes(tmp_path, engine):
     assert full["engine"] == engine
     if engine == "collective":  # three replicas on two "machines", bit-identical at the end
         assert len(full["replica_digests"]) == 3 and full["replicas_identical"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_train_engine_loop_under_torchrun_trains_on_every_rank(tmp_path):
+    """--engine loop: the world size is --workers (no rank coordinates), rank 0 alone writes
+    the run directory and prints the summary."""
+    cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "3", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "bdsgd_cli", "train",
+           "--engine", "loop", "--workers", "3", "--iterations", "12", "--policy", "static:2",
+           "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
+           "--stragglers", "synthetic:base_s=0.005", "--timeout", "60", "--json"]  # fmt: skip
+    node = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = node.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait(10)
+    assert node.returncode == 0, err[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) == 1
+    summary = json.loads(lines[0])
+    assert summary["iterations"] == 12
+    c = pl.read_parquet(tmp_path / "run" / "iterations.parquet").sort("iteration")["c"]
+    assert all(k >= 2 for k in c)  # static:2 (a ticket taken before the close is admitted too)
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == 12 * 3 and set(rows["world_size"].to_list()) == {3}
+    censored = rows.group_by("iteration").agg(pl.col("censored").sum()).sort("iteration")
+    assert censored["censored"].to_list() == [3 - k for k in c]
