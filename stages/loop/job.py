@@ -32,6 +32,7 @@ from bdsgd.stages.workloads import (
 )
 
 PROGRESS_KEY = "bdsgd/progress"  # "<iterations done> <smoothed loss>", set by rank 0
+STOP_KEY = "bdsgd/stop"  # set by the launcher (Ctrl-C): stop after an iteration, save, close
 FAILED_KEY = "bdsgd/failed"  # ranks that failed
 FAILURE_KEY = "bdsgd/failure"  # the first one's error, one line
 PROGRESS_EVERY_S = 0.25  # rank 0 updates the progress key at most this often
@@ -131,8 +132,10 @@ def run_rank(job: LoopJob, device: torch.device, progress: dist.Store | None = N
             cut.log_eval(evaluate(workload, device))
         if job.loop.out and (t + 1) % job.save_every == 0 and t + 1 < job.iterations:
             cut.save(opt, sched)
-        if report.after(t, cut.last.loss, job.stop_at):
-            break  # every rank: the loss is the all-reduced one, the same everywhere
+        if report.after(t, cut.last.loss, job.stop_at) or cut.last.stop:
+            break  # every rank: the loss and the stop are the all-reduced ones
+        if report.stop_asked:
+            cut.request_stop()  # (it travels in the next all-reduce to every rank)
     if job.loop.out:
         cut.save(opt, sched)
     summary = cut.close()
@@ -186,11 +189,13 @@ def to_device(batch, device: torch.device):
 
 class Progress:
     """Rank 0's iterations so far, set in the launcher's store at most every
-    ``PROGRESS_EVERY_S`` (its progress bar reads them), and the smoothed training loss that
-    ``stop_at`` is compared with on every rank."""
+    ``PROGRESS_EVERY_S`` (its progress bar reads them; rank 0 then also looks for the
+    launcher's stop), and the smoothed training loss that ``stop_at`` is compared with on every
+    rank."""
 
     def __init__(self, store: dist.Store | None, start: int) -> None:
         self.store, self.smooth, self.last_set = store, None, 0.0
+        self.stop_asked = False  # the launcher asked the job to stop (rank 0 reads it)
         self._set(start)
 
     def after(self, t: int, loss: float | None, stop_at: float | None) -> bool:
@@ -199,6 +204,7 @@ class Progress:
             self.smooth = loss if self.smooth is None else (1 - a) * self.smooth + a * loss
         if self.store is not None and time.monotonic() - self.last_set >= PROGRESS_EVERY_S:
             self._set(t + 1)
+            self.stop_asked = self.stop_asked or self.store.check([STOP_KEY])
         return stop_at is not None and self.smooth is not None and self.smooth <= stop_at
 
     def done(self, t: int) -> None:

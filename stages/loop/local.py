@@ -3,7 +3,8 @@ the c10d store (loopback unless the user names an address) and watches; it is no
 coordinator is a thread beside rank 0's loop, so every rank trains.
 
 Each rank starts through :mod:`bdsgd.stages.engine.spawned` (SIGINT and SIGTERM ignored: a
-Ctrl-C is this process's to handle). A rank that exits with an error, a start that takes longer
+Ctrl-C is this process's to handle: the ranks stop after one iteration, save and close; a second
+Ctrl-C ends them at once). A rank that exits with an error, a start that takes longer
 than ``start_timeout_s`` or a run whose progress stalls longer than twice the timeout ends every
 rank (SIGKILL after a grace), and the error names the rank.
 """
@@ -21,7 +22,14 @@ from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine import spawned
 from bdsgd.stages.engine.launch import join_or_kill
 from bdsgd.stages.errors import WorkerError
-from bdsgd.stages.loop.job import FAILURE_KEY, PROGRESS_KEY, LoopJob, RankSpec, rank_main
+from bdsgd.stages.loop.job import (
+    FAILURE_KEY,
+    PROGRESS_KEY,
+    STOP_KEY,
+    LoopJob,
+    RankSpec,
+    rank_main,
+)
 
 POLL_S = 0.1
 
@@ -38,10 +46,24 @@ def run_local(
     grace_s = 0.0  # (a failure or a Ctrl-C: the checkpoint and the rows on disk agree already)
     try:
         spawn_ranks(job, world, store.port, procs)
-        watch(procs, store, job.loop.timeout_s, start_timeout_s, on_progress)
+        try:
+            watch(procs, store, job.loop.timeout_s, start_timeout_s, on_progress)
+        except KeyboardInterrupt:
+            stop_gracefully(procs, store, job.loop.timeout_s, start_timeout_s, on_progress)
+            raise
         grace_s = 10.0
     finally:
         join_or_kill(procs, grace_s=grace_s)
+
+
+def stop_gracefully(procs, store, timeout_s: float, start_timeout_s: float, on_progress) -> None:
+    """A Ctrl-C: every rank stops after the same iteration, saves and closes (rank 0 sees the
+    stop key and its request travels in the next all-reduce); a second Ctrl-C, a failure or a
+    stall ends them at once."""
+    with contextlib.suppress(Exception):
+        store.set(STOP_KEY, "1")
+    with contextlib.suppress(KeyboardInterrupt, WorkerError):
+        watch(procs, store, timeout_s, start_timeout_s, on_progress)
 
 
 def spawn_ranks(job: LoopJob, world: int, port: int, procs: list[mp.Process]) -> None:

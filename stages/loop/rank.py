@@ -36,7 +36,8 @@ from bdsgd.stages.loop.timing import ComputeTimer
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
 MAX_ITERATIONS = 1 << 31  # the length of a rank's column of injected delays
-STATS = 4  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned samples
+STATS = 5  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned
+# samples, ranks that asked the job to stop
 CHECKPOINT_VERSION = 1
 
 
@@ -50,6 +51,7 @@ class IterationResult:
     planned: float  # samples of every rank's whole batch
     loss: float | None  # mean training loss of the admitted ranks
     cut: bool  # this rank was cut
+    stop: bool = False  # a rank asked the job to stop after this iteration (request_stop)
 
     @property
     def share(self) -> float:
@@ -114,6 +116,7 @@ class Cutoff:
         self.last: IterationResult | None = None
         self.rule: str | None = None
         self.planned_full = 0.0  # a rank's whole batch, samples (accumulate: the last seen)
+        self.stop_requested = False
         self.coordinator = self._start_coordinator()
         broadcast_module(model, src=0)
         dist.barrier()
@@ -144,6 +147,12 @@ class Cutoff:
                 group["lr"] = lr
         if self.coordinator is not None and self.last is not None:
             self.coordinator.rank_values(self.last.iteration, lr=float(applied))
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop after the next all-reduce: the request travels in it, so all
+        ranks see ``cut.last.stop`` after the same iteration (a preemption notice, a wall-clock
+        budget, a Ctrl-C seen by one rank) and can save and close together."""
+        self.stop_requested = True
 
     def log_eval(self, loss: float) -> None:
         """Record a held-out loss after the last iteration (rank-side; kept by the coordinator
@@ -265,7 +274,13 @@ class Cutoff:
             offset += p.numel()
         samples = it.samples if contributes else 0.0
         flat[numel:] = torch.tensor(
-            [samples, float(admitted), it.loss_mean() * admitted, it.planned()],
+            [
+                samples,
+                float(admitted),
+                it.loss_mean() * admitted,
+                it.planned(),
+                float(self.stop_requested),
+            ],  # fmt: skip
             dtype=flat.dtype,
         )
         dist.all_reduce(flat)
@@ -275,7 +290,8 @@ class Cutoff:
             flat[:numel].div_(total)
         self._write_back(flat)
         loss = stats[2] / stats[1] if stats[1] > 0 else None
-        return IterationResult(it.t, int(round(stats[1])), total, stats[3], loss, not admitted)
+        return IterationResult(it.t, int(round(stats[1])), total, stats[3], loss, not admitted,
+                               stop=stats[4] > 0)  # fmt: skip
 
     def _write_back(self, flat: torch.Tensor) -> None:
         offset = 0

@@ -82,8 +82,8 @@ def test_train_on_loop_trains_every_rank_with_the_workloads_optimizer_and_schedu
 
 @pytest.mark.timeout(900)
 def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(tmp_path):
-    """Ctrl-C (the command's SIGTERM relay) after the first checkpoint (iteration 25), then
-    --resume: the model,
+    """Ctrl-C (the command's SIGTERM relay) after the first checkpoint (iteration 25): the ranks
+    stop together and save; then --resume: the model,
     AdamW's moments and the schedule end where a run without the interruption ends."""
     rc, _, err = train(tmp_path, "--iterations", "60", name="straight")
     assert rc == 0, err
@@ -104,6 +104,9 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
     assert rc != 0 and checkpoint(tmp_path / "cut")["next_iteration"] < 60, err
     ended = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert ended["stopped"] == "interrupted" and not ended["complete"]
+    # every rank stopped after the same iteration and the checkpoint was saved there
+    stopped_at = checkpoint(tmp_path / "cut")["next_iteration"]
+    assert stopped_at > 25 and ended["iterations"] == stopped_at
     rc, _, err = finish(start("train", "--resume", str(tmp_path / "cut"), "--workload", ADAMW))
     assert rc == 0, err
     a, b = checkpoint(tmp_path / "straight"), checkpoint(tmp_path / "cut")
