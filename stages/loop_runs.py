@@ -6,7 +6,7 @@ the ranks (:mod:`bdsgd.stages.loop.local`) and is none of them; under ``torchrun
 the loop and ``--workers`` is the world size.
 
 What the loop does not do (yet) is refused with one line: asynchronous policies, ``adascale``,
-``--allreduce``, ``--max-wall-s``, ``--min-workers`` below N (a rank that dies ends the run; it
+``--allreduce``, ``--min-workers`` below N (a rank that dies ends the run; it
 resumes from the last checkpoint).
 """
 
@@ -47,6 +47,7 @@ def loop_job(cfg, run_id: str, policy: str, out: Path | None, **loop) -> LoopJob
         lr=get("lr", 0.05), device=cfg.device, eval_every=get("eval_every", 10),
         save_every=get("record_batch", 25), host=cfg.host,
         stop_at=cfg.target_loss if get("stop_at_target") else None,
+        max_wall_s=get("max_wall_s"),
     )  # fmt: skip
 
 
@@ -68,8 +69,6 @@ def check_loop_flags(cfg) -> None:
         raise ConfigError("--lr-scaling adascale runs on --engine collective or ps, not loop")
     if cfg.allreduce != "auto":
         raise ConfigError("--allreduce: the loop engine sums with the process group's all-reduce")
-    if getattr(cfg, "max_wall_s", None) is not None:
-        raise ConfigError("--max-wall-s runs on --engine collective or ps, not loop")
     if getattr(cfg, "min_workers", 1) not in (1, cfg.workers):
         raise ConfigError("--min-workers: on --engine loop a rank that dies ends the run")
 
@@ -150,7 +149,10 @@ def finish_train(cfg, summary: dict | None) -> dict | None:
     """The summary the coordinator wrote, with why the run ended, printed in one line."""
     if summary is None:
         return None  # (a torchrun rank other than 0)
-    stopped = "iterations" if summary["iterations"] >= cfg.iterations else "target"
+    stopped = "iterations"
+    if summary["iterations"] < cfg.iterations:
+        budget = cfg.max_wall_s is not None and summary["wall_s"] >= cfg.max_wall_s
+        stopped = "wall budget" if budget else "target"
     summary = {**summary, "stopped": stopped, "interrupted": False, "complete": True}
     write_atomic(cfg.out / "summary.json", json.dumps(summary, indent=2).encode())
     final = summary["final_loss"]
@@ -159,8 +161,8 @@ def finish_train(cfg, summary: dict | None) -> dict | None:
         f"{summary['mean_c']:.2f}, final loss {final if final is not None else float('nan'):.3f}, "
         f"{summary['rows_appended']} rows appended to {cfg.traces}, run in {cfg.out}"
     )
-    if stopped == "target":
-        console.print(f"stopped after {summary['iterations']} iterations: target reached")
+    if stopped != "iterations":
+        console.print(f"stopped after {summary['iterations']} iterations: {stopped} reached")
     return summary
 
 

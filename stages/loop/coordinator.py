@@ -70,6 +70,7 @@ class LoopCoordinator:
         self.janitor = KeyJanitor(self.c10d)
         self.thread = threading.Thread(target=self._run, name="bdsgd-coordinator", daemon=True)
         self.t0 = 0.0
+        self.wall_offset = 0.0  # a resumed run: the seconds it ran before (its clock goes on)
 
     # -- called by the rank's loop --------------------------------------------------------------
     def start(self, t0: float) -> None:
@@ -90,9 +91,14 @@ class LoopCoordinator:
         checkpoint, before the run stopped) are not written again."""
         self.run_id = run_id
         self.log = earlier_log(self.cfg.out, t)
+        self.wall_offset = float(self.log["wall_s"][-1]) if self.log.get("wall_s") else 0.0
         self.logged_through = t - 1
         self.skip_through = last_iteration_on_disk(self.cfg.traces, run_id)
         self.replayed = replay_policy(self.policy, self.cfg.traces, run_id, t)
+
+    def elapsed(self) -> float:
+        """Seconds the run has trained, a resumed run's earlier ones included."""
+        return time.perf_counter() - self.t0 + self.wall_offset
 
     def record(self, through: int) -> None:
         """Write the trace rows of every iteration coordinated so far and wait until they are
@@ -206,7 +212,7 @@ class LoopCoordinator:
 
     def _add_rows(self, t, began, outcome, reports, cutoff) -> None:
         by_worker = {rep.worker: rep for rep in reports}
-        start = max(began - self.t0, 0.0)
+        start = max(began - self.t0, 0.0) + self.wall_offset
         rows = []
         for w in range(self.world):
             rep = by_worker.get(w)
@@ -245,7 +251,7 @@ class LoopCoordinator:
             if seen is None or "end" not in ranked:
                 break
             nxt = self.ranked.get(t + 1, {}).get("began", ranked["end"])
-            row = dict(policy=self.policy.name, iteration=t, wall_s=nxt - self.t0,
+            row = dict(policy=self.policy.name, iteration=t, wall_s=nxt - self.t0 + self.wall_offset,
                        iteration_s=nxt - ranked["began"], loss=ranked.get("loss"),
                        eval_loss=ranked.get("eval_loss"), lr=ranked.get("lr"), staleness=0.0,
                        **seen)  # fmt: skip

@@ -52,6 +52,7 @@ class LoopJob:
     eval_every: int = 10  # 0: no held-out evaluation (a profile)
     save_every: int = 25  # iterations between checkpoints (with a run directory)
     stop_at: float | None = None  # end once the smoothed training loss reaches it
+    max_wall_s: float | None = None  # end once the run has trained this long (rank 0's clock)
     host: str = "127.0.0.1"  # the control store's address (spawned ranks)
 
 
@@ -134,13 +135,22 @@ def run_rank(job: LoopJob, device: torch.device, progress: dist.Store | None = N
             cut.save(opt, sched)
         if report.after(t, cut.last.loss, job.stop_at) or cut.last.stop:
             break  # every rank: the loss and the stop are the all-reduced ones
-        if report.stop_asked:
+        if report.stop_asked or over_budget(cut, job.max_wall_s):
             cut.request_stop()  # (it travels in the next all-reduce to every rank)
     if job.loop.out:
         cut.save(opt, sched)
     summary = cut.close()
     report.done(cut.t)
     return summary
+
+
+def over_budget(cut: Cutoff, max_wall_s: float | None) -> bool:
+    """The wall-clock budget is spent (read where the coordinator runs, rank 0)."""
+    return (
+        max_wall_s is not None
+        and cut.coordinator is not None
+        and (cut.coordinator.elapsed() >= max_wall_s)
+    )
 
 
 def one_iteration(cut: Cutoff, workload: Workload, opt, sched, batch) -> None:

@@ -113,6 +113,8 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
     assert b["next_iteration"] == 60 and b["scheduler"] == a["scheduler"]
     for key, value in a["model"].items():
         torch.testing.assert_close(b["model"][key], value, rtol=0, atol=1e-6)
+    wall = pl.read_parquet(tmp_path / "cut" / "iterations.parquet").sort("iteration")["wall_s"]
+    assert wall.is_sorted() and wall.len() == 60  # the clock goes on across the resume
     rows = TraceStore(tmp_path / "traces2").read()
     assert sorted(zip(rows["iteration"], rows["worker"], strict=True)) == [
         (t, w) for t in range(60) for w in range(2)
@@ -170,7 +172,6 @@ def config(tmp_path, **values) -> TrainConfig:
     [
         ({"lr_scaling": "adascale"}, "adascale"),
         ({"allreduce": "star"}, "--allreduce"),
-        ({"max_wall_s": 5.0}, "--max-wall-s"),
         ({"min_workers": 2, "workers": 3}, "--min-workers"),
     ],
 )
@@ -181,8 +182,9 @@ def test_what_the_loop_does_not_do_is_refused_in_one_line(tmp_path, values, flag
 
 def test_the_job_carries_the_train_flags_to_the_library(tmp_path):
     cfg = config(tmp_path, salvage=True, lr_scaling="sqrt", target_loss=0.5,
-                 stop_at_target=True, explore=0.1, overhead_s=0.002)  # fmt: skip
+                 stop_at_target=True, explore=0.1, overhead_s=0.002, max_wall_s=9.0)  # fmt: skip
     job = loop_job(cfg, "run-x", cfg.policy, cfg.out)
+    assert job.max_wall_s == 9.0
     assert (job.loop.salvage, job.loop.lr_scaling, job.loop.run_id) == (True, "sqrt", "run-x")
     assert (job.loop.explore, job.loop.overhead_s, job.stop_at) == (0.1, 0.002, 0.5)
     assert job.loop.out == str(cfg.out) and job.iterations == 10
@@ -195,3 +197,21 @@ def test_a_workload_with_its_own_optimizer_is_refused_by_the_engines_that_ignore
                               str(tmp_path / "t"), "--out", str(tmp_path / "o")))  # fmt: skip
     assert rc != 0 and "run it with --engine loop" in err.strip().splitlines()[-1], err
     assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("flags", "stopped"),
+    [
+        (("--target-loss", "100", "--stop-at-target"), "target"),
+        (("--max-wall-s", "1e-6"), "wall budget"),
+    ],
+)
+def test_a_loop_run_stops_early_on_every_rank_together(tmp_path, flags, stopped):
+    """A target reached or a wall budget spent ends the run after the same iteration on both
+    ranks (each would otherwise wait for the other in the all-reduce until the timeout)."""
+    rc, _, err = train(tmp_path, "--iterations", "200", "--timeout", "120", *flags)
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped"] == stopped and summary["iterations"] < 200
+    assert checkpoint(tmp_path / "run")["next_iteration"] == summary["iterations"]
