@@ -123,6 +123,7 @@ def run_engine(
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
         engine.janitor.close()
+        kill_unstarted(procs, c10d)
         join_or_kill(procs, grace_s=max(10.0, cfg.timeout_s))  # a loaded machine is slow to stop
         close_records(engine, ckpt, start)
     return EngineResult(
@@ -217,6 +218,14 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", tr.rank - 1))
     spec = WorkerSpec(tr.rank, tr.addr, tr.port, default_bind_host(), cfg, local_rank)
     VARIANTS[kind][1](spec)
+
+
+def kill_unstarted(procs: list[mp.Process], c10d) -> None:
+    """Workers that never reached the store (a failed start) have nothing to stop cleanly."""
+    for w, proc in enumerate(procs):
+        with contextlib.suppress(Exception):
+            if proc.is_alive() and not c10d.check([P.ready_key(w)]):
+                proc.kill()
 
 
 def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
