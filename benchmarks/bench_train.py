@@ -117,7 +117,7 @@ def train_section(root: Path, quick: bool) -> str:
     late, fitted = fit_cluster(root, quick)
     lines = policy_table(root, late, fitted, quick)
     repeats = 1 if quick else 3
-    lines += ["", f"`bdsgd` on both engines, {repeats} interleaved run(s) each:", ""]
+    lines += ["", f"`bdsgd` on the three engines, {repeats} interleaved run(s) each:", ""]
     lines += bdsgd_engine_table(root, late, repeats, quick).splitlines()
     goodput = [
         goodput_section(root, late, root / "model.pt", 20.0 if quick else 60.0, batch)
@@ -202,23 +202,28 @@ def bdsgd_engines(repeats: int = 3, quick: bool = False) -> str:
 
 
 def bdsgd_engine_table(root: Path, late: Path, repeats: int, quick: bool) -> str:
-    """``bdsgd`` on both engines, interleaved ``repeats`` times on the held-out cluster (the fit
-    in ``root``), so the two are compared by medians rather than by one run each."""
-    runs: dict[str, list[dict]] = {"collective": [], "ps": []}
+    """``bdsgd`` on the three engines (the loop: the library a user's script takes),
+    interleaved ``repeats`` times on the held-out cluster (the fit in ``root``), so they are
+    compared by medians rather than by one run each."""
+    runs: dict[str, list[dict]] = {"collective": [], "ps": [], "loop": []}
     for i in range(repeats):
         order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # neither always runs first
         for engine in order:
             summary, _ = train_run(root / f"repeat-{i}", late, root / "model.pt",
                                    80 if quick else 200, "bdsgd", engine=engine)  # fmt: skip
             runs[engine].append(summary)
-    lines = ["| engine | throughput (grad/s), each run | median | mean_c median | wall_s median |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| engine | ranks training | throughput (grad/s), each run | median | mean_c median | "
+             "wall_s median | final loss median |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for engine, summaries in runs.items():
         grads = [s["throughput"] for s in summaries]
+        losses = [s["final_loss"] for s in summaries if s["final_loss"] is not None]
         lines.append(
-            f"| {engine} | {' / '.join(f'{g:.1f}' for g in grads)} | {np.median(grads):.1f} | "
+            f"| {engine} | {WORKERS} of {WORKERS + (engine != 'loop')} processes | "
+            f"{' / '.join(f'{g:.1f}' for g in grads)} | {np.median(grads):.1f} | "
             f"{np.median([s['mean_c'] for s in summaries]):.2f} | "
-            f"{np.median([s['wall_s'] for s in summaries]):.1f} |"
+            f"{np.median([s['wall_s'] for s in summaries]):.1f} | "
+            f"{np.median(losses) if losses else float('nan'):.3f} |"
         )
     return "\n".join(lines)
 

@@ -55,9 +55,10 @@ def check_inputs(cfg) -> tuple[str, ...]:
     """What the ranks would fail on, checked here first (one line, nothing started): the
     stragglers spec and the workload; returns the trace host of each rank."""
     from bdsgd.stages.profile import engine_hosts
-    from bdsgd.stages.workloads import load_workload
+    from bdsgd.stages.workloads import load_workload, resolve_device
 
     LoopConfig(time_scale=cfg.time_scale, timeout_s=cfg.timeout_s, micro_batches=cfg.micro_batches)
+    resolve_device(cfg.device, cfg.workers)  # (--device cuda without a GPU: said here)
     hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
     load_workload(cfg.workload, seed=cfg.seed)
     return hosts
