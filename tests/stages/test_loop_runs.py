@@ -19,7 +19,7 @@ from bdsgd.stages.loop_runs import check_loop_flags, loop_job
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.train import TrainConfig
 
-from tests.cli.test_train_cli import listening_addresses, running, session_of
+from tests.cli.test_train_cli import kill_session, listening_addresses, running, session_of
 from tests.stages.loop.adamw_workload import warmup_cosine
 
 BDSGD = str(Path(sys.executable).with_name("bdsgd"))
@@ -41,15 +41,7 @@ def finish(proc: subprocess.Popen, timeout: float = WAIT_S) -> tuple[int, str, s
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
     finally:
-        reap(proc)
-
-
-def reap(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
+        kill_session(proc)
 
 
 def train(tmp: Path, *extra: str, name: str = "run", env=None) -> tuple[int, str, str]:
@@ -100,7 +92,7 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
         os.kill(proc.pid, signal.SIGTERM)
         rc, _, err = finish(proc, 60)
     finally:
-        reap(proc)
+        kill_session(proc)
     assert rc != 0 and checkpoint(tmp_path / "cut")["next_iteration"] < 60, err
     ended = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert ended["stopped"] == "interrupted" and not ended["complete"]
@@ -131,7 +123,7 @@ def test_a_rank_that_fails_ends_the_run_with_one_line_naming_it_and_no_process_l
         _, err = proc.communicate(timeout=WAIT_S)
         left = [p for p in session_of(proc.pid) if running(p)]  # before the test reaps any
     finally:
-        reap(proc)
+        kill_session(proc)
     assert proc.returncode != 0
     assert err.strip().splitlines()[-1] == (
         "error: rank 1: RuntimeError: rank 1: the data pipeline broke at batch 5"
@@ -153,7 +145,7 @@ def test_profile_on_loop_measures_every_rank_and_listens_on_loopback_alone(tmp_p
             listening = listening_addresses(session_of(proc.pid))
         rc, _, err = finish(proc)
     finally:
-        reap(proc)
+        kill_session(proc)
     assert rc == 0, err
     assert len(listening) >= 3 and {a for a, _ in listening} == {"127.0.0.1"}, listening
     rows = TraceStore(tmp_path / "traces").read()
