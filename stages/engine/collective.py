@@ -44,7 +44,6 @@ import numpy as np
 import torch
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import HUNG, interrupts_deferred
-from bdsgd.stages.engine.config import scaled_lr
 from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
@@ -98,6 +97,8 @@ class Coordinator(SyncEngine):
         self.last_cut = 0.0
         self.cycle_s: float | None = None  # an iteration's duration (cut to cut), smoothed
         self.pending_evals: dict[int, int] = {}  # iteration -> its index in the log
+        self.applied_lrs: dict[int, float | None] = {}  # steps read before their log row
+        self.pending_lrs: dict[int, int] = {}  # iteration -> its log row, awaiting its step
         self.replica: tuple[int, bytes] | None = None  # (steps, state) last fetched
         self.lags_ms: list[float] = []
         self.digests: dict[int, str] = {}
@@ -142,8 +143,30 @@ class Coordinator(SyncEngine):
                 n, sq, mean_sq, samples = step.stats
                 self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
             self.settle_evals(k, step.evaluated if step is not None else None)
+            if step is not None and self.reads_arrivals:  # (a fixed c's: taken as admit read it)
+                self.take_lr(k, step.lr)
             k += 1
         self.noise_next = k
+
+    def take_lr(self, t: int, lr: float | None) -> None:
+        """The learning rate step t applied, as the replicas computed it: into t's log row, or
+        kept for it if t is not recorded yet (an online step can be read before its row)."""
+        if t in self.pending_lrs:
+            self.log.rows["lr"][self.pending_lrs.pop(t)] = lr
+        else:
+            self.applied_lrs[t] = lr
+        for late in [d for d in self.pending_lrs if d < t]:  # (their steps never came: failed)
+            del self.pending_lrs[late]
+
+    def record(self, t: int, predicted: dict | None = None, **values) -> dict:
+        """The base row, with the learning rate the replicas applied at t: known once their
+        step is read, which for an online iteration may come after the row (then
+        :meth:`take_lr` fills it in; None until then, and for a step that never came)."""
+        if "lr" not in values:
+            values["lr"] = self.applied_lrs.pop(t, None)
+            if values["lr"] is None:
+                self.pending_lrs[t] = len(self.log.rows.get("iteration", []))
+        return super().record(t, predicted, **values)
 
     def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
         """Step k is read (or failed): it carried the held-out loss of the due iteration
@@ -232,6 +255,7 @@ class Coordinator(SyncEngine):
             return []
         step = P.decode_step(blob)
         self.read_steps[t] = step._replace(reports=[])
+        self.take_lr(t, step.lr)
         slots = step.reports
         slots.sort(key=lambda s: (s[0], s[1].start_s + s[1].runtime_s))
         reports = [report for _, report in slots]
@@ -292,7 +316,7 @@ class Coordinator(SyncEngine):
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
         """The replicas apply the update themselves; the coordinator only times the cycle
-        (cut to cut) and logs the learning rate they use."""
+        (cut to cut); the learning rate they applied comes with their step (:meth:`record`)."""
         now = time.perf_counter()
         iteration_s, self.last_cut = now - self.last_cut, now
         self.cycle_s = (
@@ -304,8 +328,7 @@ class Coordinator(SyncEngine):
             # no replica stepped, and none publishes a state for a record decided here
             self.records.discard(t)
             return iteration_s, {"lr": 0.0, "c": 0}
-        n, live = len(reports), int(self.live.sum())
-        return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
+        return iteration_s, {} if reports else {"lr": 0.0}  # (nothing admitted: no step)
 
     def iteration_keys(self, t: int) -> list[str]:
         # (a state published for a record the coordinator did not take: a stop rule, an
@@ -406,6 +429,8 @@ class Coordinator(SyncEngine):
         without an update, when the run ended without :meth:`run_announced` (a second Ctrl-C,
         a failure at the end) or was cut short mid-all-reduce."""
         self.fetch_replica(next_iteration)
+        if not self.finished:  # (the step before a state is published before it: its lr)
+            self.read_noise(next_iteration)
         steps = self.replica[0] if self.replica is not None else next_iteration
         return super().state(steps)
 

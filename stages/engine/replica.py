@@ -76,6 +76,7 @@ class Replica(WorkerProcess):
         self.generation, self.group, self.members = -1, None, []
         self.steps = 0  # iterations applied
         self.noise_stats: tuple = ()  # the last step's (n, sum |g_i|^2, |mean|^2, samples)
+        self.lr: float | None = None  # the learning rate the last step applied (None: no step)
         self.lags_ms: list[float] = []
         self.eval_part: tuple[int, float] | None = None  # (iteration, this slice's loss part)
         self.evaluated: tuple[int, float] | None = None  # the last all-reduce's held-out loss
@@ -215,7 +216,7 @@ class Replica(WorkerProcess):
         cfg = self.spec.cfg
         samples, sq_norms, contributions, loss, evaluators = self.comm_scalars.tolist()
         self.take_evaluated(loss, evaluators)
-        self.noise_stats = ()
+        self.noise_stats, self.lr = (), None
         if samples <= 0:
             return
         grad = self.grad.mul_(cfg.batch_size / samples)  # the mean over the admitted samples
@@ -224,9 +225,9 @@ class Replica(WorkerProcess):
         self.noise_stats = stats
         gradients = samples / cfg.batch_size
         gain = self.noise.lr_factor(max(round(gradients), 1), len(self.members))
-        lr = scaled_lr(cfg, gradients, len(self.members), gain)
+        self.lr = scaled_lr(cfg, gradients, len(self.members), gain)
         for group in self.opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.lr
         self.opt.step()
         self.steps += 1
 
@@ -338,8 +339,10 @@ class Replica(WorkerProcess):
     def step_parts(self) -> tuple:
         """The last all-reduce as it is published: the arguments of
         :func:`bdsgd.stages.engine.protocol.encode_step` (the reduced slots copied out of the
-        buffer the next all-reduce reuses)."""
-        return self.noise_stats, self.comm_slots.cpu().numpy().tobytes(), self.evaluated
+        buffer the next all-reduce reuses; the learning rate applied, which the coordinator
+        logs)."""
+        slots = self.comm_slots.cpu().numpy().tobytes()
+        return self.noise_stats, slots, self.evaluated, self.lr
 
     def publish_steps(self, every: bool = False) -> None:
         """The steps of a fixed c not yet published, in one round trip, each under its own key
@@ -403,7 +406,7 @@ class Replica(WorkerProcess):
 
     def state_bytes(self) -> bytes:
         state = {"params": self.flat.cpu(), "momentum": self.momentum.cpu(), "steps": self.steps}
-        return P.encode_replica_state({**state, "noise": self.noise.state_dict()})
+        return P.encode_replica_state({**state, "noise": self.noise.state_dict(), "lr": self.lr})
 
     def load(self, state: dict) -> None:
         self.flat.copy_(state["params"].to(self.device))
