@@ -31,8 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from bdsgd.schemas.run_dir import ITERATIONS, SUMMARY, check_output_dir
 from bdsgd.stages.console import console, progress
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.goodput import NoiseSchedule
+from bdsgd.stages.policies.async_driver import AsyncDriver, Update
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.driver import IterationDriver, Outcome
 from bdsgd.stages.policies.registry import default_policy_specs, make_policy
@@ -165,14 +165,6 @@ class PolicyRun:
         }
 
 
-def timed_choose(policy: Policy, live: np.ndarray) -> tuple[int, float]:
-    """The policy's c, capped to 1..live, and the milliseconds choose() took."""
-    t0 = time.perf_counter()
-    c = policy.choose(live)
-    ms = (time.perf_counter() - t0) * 1e3
-    return min(max(int(c), 1), max(int(live.sum()), 1)), ms
-
-
 def warm_up(policy: Policy, run: RunMatrix, stop: int) -> None:
     """Let the policy observe rows < stop as the trace recorded them (dead workers censored at the
     row's largest run-time)."""
@@ -249,8 +241,8 @@ def drive(
 
 
 class WorkerClock:
-    """Each worker's current computation in an asynchronous replay: the trace row it plays, when
-    it began and ends, and the parameter version it started from."""
+    """Each worker's current computation in an asynchronous replay: the trace row it plays and
+    when it ends (when it began, and on which parameters, the :class:`AsyncDriver` keeps)."""
 
     def __init__(self, run: RunMatrix, start: int) -> None:
         rows, n = run.runtimes.shape
@@ -259,9 +251,7 @@ class WorkerClock:
         self.valid = run.present
         self.rows = rows
         self.row = np.full(n, start)
-        self.began = np.zeros(n)
         self.finish = self.dur[start].copy()
-        self.version = np.zeros(n, dtype=int)
         self.exhausted = False
 
     def live(self) -> np.ndarray:
@@ -274,116 +264,121 @@ class WorkerClock:
     def duration(self, w: np.ndarray | int) -> np.ndarray:
         return self.dur[self.row[w], w]
 
-    def restart(self, w: np.ndarray | int, now: float, version: int) -> None:
-        """Start the next computation of worker(s) w at ``now`` on parameters ``version``."""
+    def restart(self, w: np.ndarray | int, now: float) -> None:
+        """Start the next computation of worker(s) w at ``now``."""
         self.row[w] += 1
         if np.any(self.row[w] >= self.rows):
             self.exhausted = True
             return
-        self.began[w] = now
         self.finish[w] = now + self.dur[self.row[w], w]
-        self.version[w] = version
 
     def next_arrival(self) -> tuple[int, float]:
         w = int(np.argmin(self.finish))
         return w, float(self.finish[w])
 
-    def censored_view(self, done: np.ndarray, runtimes: np.ndarray, now: float):
-        """What the server saw: run-times of ``done`` workers, the others censored at the time
-        their current computation has run so far."""
-        elapsed = np.maximum(now - self.began, 1e-9)
-        return np.where(done, runtimes, elapsed), ~done
+    def deliveries(self, driver: AsyncDriver) -> Iterator[tuple[int, float, float]]:
+        """Gradients in arrival order, as (worker, run-time, arrival time), until the trace runs
+        out; a sender then waits for the update (finish = inf), and a slot that delivers nothing
+        begins the worker's next computation at once, on the parameters it holds."""
+        while not self.exhausted:
+            w, at = self.next_arrival()
+            if not np.isfinite(at):
+                return
+            if self.delivers(w):
+                self.finish[w] = np.inf
+                yield w, float(self.duration(w)), at
+            else:
+                self.restart(w, at)
+                driver.restart(w, at, fresh=False)
+
+
+def async_update(
+    driver: AsyncDriver,
+    live: np.ndarray,
+    arrivals: Iterable[tuple[int, float, float]],
+    overhead_s: float = 0.0,
+    free_at: float = 0.0,
+) -> Update | None:
+    """One update of a k-async replay: K chosen, ``arrivals`` (worker, run-time, arrival time)
+    taken in order until K are in, the update applied at the K-th arrival (or once the server is
+    free, ``free_at``, if later) plus ``overhead_s``, the senders restarted on the new parameters
+    then. None when the arrivals run out first."""
+    driver.begin(live)
+    for w, runtime_s, at in arrivals:
+        if driver.arrive(w, runtime_s):
+            update = driver.end(max(at, free_at) + overhead_s)
+            driver.restart(list(update.order), update.at)
+            return update
+    return None
 
 
 def simulate_k_async(policy: Policy, run: RunMatrix, start: int, overhead_s: float) -> PolicyRun:
     """Replay through a k-async policy: apply every K gradients, stragglers keep computing."""
     result = PolicyRun(policy.name, policy.mode)
     clock = WorkerClock(run, start)
-    version, server_free, n = 0, 0.0, run.runtimes.shape[1]
+    n = run.runtimes.shape[1]
+    driver = AsyncDriver(policy, n)
+    server_free = 0.0
     while not clock.exhausted:
         live = clock.live()
-        k, ms = timed_choose(policy, live)
-        batch, arrived_at = _collect_k(clock, k)
-        if len(batch) < k:
+        update = async_update(driver, live, clock.deliveries(driver), overhead_s, server_free)
+        if update is None:
             break
-        update = max(arrived_at, server_free) + overhead_s
-        durations = clock.duration(batch)
-        staleness = version - clock.version[batch]
-        done, runtimes = np.zeros(n, dtype=bool), np.zeros(n)
-        done[batch], runtimes[batch] = True, durations
-        policy.observe(*clock.censored_view(done, runtimes, update))
-        version += 1
-        clock.restart(batch, update, version)
-        result.useful_s += float(durations.sum())
+        senders = np.asarray(update.order, dtype=int)
+        result.useful_s += float(clock.duration(senders).sum())
+        clock.restart(senders, update.at)
         result.record(
-            iteration=version - 1,
-            wall_s=update,
-            iteration_s=update - server_free,
-            c=k,
+            iteration=driver.version - 1,
+            wall_s=update.at,
+            iteration_s=update.at - server_free,
+            c=update.c,
             workers=int(live.sum()),
-            decision_ms=ms,
-            staleness=float(staleness.mean()),
+            decision_ms=update.decision_ms,
+            staleness=float(update.staleness.mean()),
         )
-        server_free = update
+        server_free = update.at
     result.worker_s = n * server_free
     return result
-
-
-def _collect_k(clock: WorkerClock, k: int) -> tuple[np.ndarray, float]:
-    """Advance to the k-th delivered gradient; the senders wait (finish = inf) for the update.
-    Returns the senders and the k-th arrival time (fewer senders if the trace ran out)."""
-    batch: list[int] = []
-    arrived_at = 0.0
-    while len(batch) < k and not clock.exhausted:
-        w, arrived_at = clock.next_arrival()
-        if not np.isfinite(arrived_at):
-            break
-        if clock.delivers(w):
-            batch.append(w)
-            clock.finish[w] = np.inf
-        else:
-            clock.restart(w, arrived_at, clock.version[w])
-    return np.asarray(batch, dtype=int), arrived_at
 
 
 def simulate_k_batch_sync(
     policy: Policy, run: RunMatrix, start: int, overhead_s: float
 ) -> PolicyRun:
-    """Replay through a k-batch-sync policy: K gradients on the same parameters, then everyone
-    restarts (unfinished computations cancelled)."""
+    """Replay through a k-batch-sync policy: K gradients on the same parameters (a worker that
+    finishes restarts at once on them and may send again), then everyone restarts (unfinished
+    computations cancelled)."""
     result = PolicyRun(policy.name, policy.mode)
     clock = WorkerClock(run, start)
-    n, version, now = run.runtimes.shape[1], 0, 0.0
+    n, now = run.runtimes.shape[1], 0.0
+    driver = AsyncDriver(policy, n)
     while not clock.exhausted:
         live = clock.live()
-        k, ms = timed_choose(policy, live)
-        done, runtimes = np.zeros(n, dtype=bool), np.zeros(n)
-        got, arrived_at, useful = 0, now, 0.0
-        while got < k and not clock.exhausted:
+        k = driver.begin(live)
+        arrived_at, useful = now, 0.0
+        while len(driver.order) < k and not clock.exhausted:
             w, arrived_at = clock.next_arrival()
             if clock.delivers(w):
-                got += 1
-                done[w], runtimes[w] = True, clock.duration(w)
-                useful += float(runtimes[w])
-            if got < k:
-                clock.restart(w, arrived_at, version)
-        if got < k:
+                useful += float(clock.duration(w))
+                if driver.arrive(w, float(clock.duration(w))):
+                    break
+            clock.restart(w, arrived_at)
+            driver.restart(w, arrived_at)
+        if len(driver.order) < k:
             break
-        update = arrived_at + overhead_s
-        policy.observe(*clock.censored_view(done, runtimes, arrived_at))
-        version += 1
-        clock.restart(np.arange(n), update, version)
+        update = driver.end(arrived_at)
+        clock.restart(np.arange(n), arrived_at + overhead_s)
+        driver.restart(np.arange(n), arrived_at + overhead_s)
         result.useful_s += useful
         result.record(
-            iteration=version - 1,
-            wall_s=update,
-            iteration_s=update - now,
+            iteration=driver.version - 1,
+            wall_s=arrived_at + overhead_s,
+            iteration_s=arrived_at + overhead_s - now,
             c=k,
             workers=int(live.sum()),
-            decision_ms=ms,
+            decision_ms=update.decision_ms,
             staleness=0.0,
         )
-        now = update
+        now = arrived_at + overhead_s
     result.worker_s = n * now
     return result
 

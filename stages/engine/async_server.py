@@ -1,9 +1,10 @@
-"""The asynchronous variant (``k-async:K``, ``async``, ``adasync``): the same semantics as the
-simulator's ``simulate_k_async``. One update reads top to bottom in :meth:`AsyncServer.step`: ask
-the policy for K, take the next K gradients in arrival order (whichever parameters they were
-computed on), step, tell the policy, and send fresh parameters to those K workers only; every
-other worker keeps computing on the parameters it started from. A gradient's staleness is the
-number of updates applied between its read and its write.
+"""The asynchronous variant (``k-async:K``, ``async``, ``adasync``), through the simulator's
+:class:`bdsgd.stages.policies.async_driver.AsyncDriver`. One update reads top to bottom in
+:meth:`AsyncServer.step`: ask the driver for K, take the next K gradients in arrival order
+(whichever parameters they were computed on), step, tell the driver (which tells the policy), and
+send fresh parameters to those K workers only; every other worker keeps computing on the
+parameters it started from. A gradient's staleness is the number of updates applied between its
+read and its write.
 
 Trace rows: one per (worker, computation j), iteration = j, from the worker's report under its
 arrival ticket (censored False). When the run ends, computations still under way are stopped and
@@ -23,6 +24,7 @@ from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import Engine, ServerModel, interrupts_deferred
 from bdsgd.stages.engine.config import scaled_lr
 from bdsgd.stages.engine.worker_report import WorkerReport
+from bdsgd.stages.policies.async_driver import AsyncDriver
 from torch.nn.utils import parameters_to_vector
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after
@@ -35,18 +37,16 @@ class AsyncServer(Engine):
         super().__init__(cfg, c10d, policy, writer, alive)
         self.params = ServerModel(workload, cfg)
         n = cfg.workers
+        self.driver = AsyncDriver(policy, n)  # K, staleness, what the policy observes
         self.waiting = np.zeros(n, dtype=bool)  # gradient taken, waits for the update's params
-        self.began = np.zeros(n)  # perf_counter when its current computation's params were sent
-        self.began_wall = np.zeros(n)  # the same moment, wall clock (trace rows' start_s)
+        self.began_wall = np.zeros(n)  # when its current computation's params were sent (wall)
         self.current_j = np.zeros(n, dtype=int)  # index of its current computation
         self.next_j = np.zeros(n, dtype=int)  # index of its next computation
         self.written_j = np.zeros(n, dtype=int)  # 1 + the last computation with a trace row
         self.groups: dict[int, dist.ProcessGroupGloo] = {}
         self.sends: dict[int, object] = {}  # pending parameter sends (keep their buffers alive)
-        self.version = 0  # updates applied
         self.cursor = 0  # arrival tickets handled
         self.hole: tuple[int, float] | None = None  # (ticket, since) of a ticket with no holder
-        self.k = 0  # K of the update under way
         self.finishing = False
         self.last_end = time.perf_counter()
         self.t0_epoch = time.time()  # the trace clock's origin (the store's "t0", as the workers')
@@ -56,16 +56,11 @@ class AsyncServer(Engine):
     # -- the loop -----------------------------------------------------------------------------
     def step(self, u: int) -> dict:
         self.reap()
-        tic = time.perf_counter()
-        self.k = min(max(int(self.policy.choose(self.live.copy())), 1), int(self.live.sum()))
-        decision_ms = (time.perf_counter() - tic) * 1e3
-        batch, grad_sum = self.collect(self.k)
+        batch, grad_sum = self.collect(self.driver.begin(self.live))
         lr = scaled_lr(self.cfg, len(batch), int(self.live.sum()))
         if batch:
             self.params.step(grad_sum, len(batch), lr)
-        staleness = [self.version - r.version for r in batch]
-        self.version += 1
-        self.observe(batch)
+        update = self.driver.end(time.perf_counter(), self.live)
         if u + 1 < self.cfg.iterations:  # after the last update the senders are told to stop
             self.restart([r.worker for r in batch if self.live[r.worker]])
         now = time.perf_counter()
@@ -73,13 +68,14 @@ class AsyncServer(Engine):
             u,
             iteration_s=now - self.last_end,
             c=len(batch),
-            decision_ms=decision_ms,
+            decision_ms=update.decision_ms,
             loss=float(np.mean([r.loss for r in batch])) if batch else None,
             lr=lr,
-            chosen_c=self.k,
+            chosen_c=update.chosen_k,
             start_s=self.last_end - self.t0,
             busy_s=float(sum(r.runtime_s for r in batch)),
-            staleness=float(np.mean(staleness)) if staleness else 0.0,
+            staleness=float(update.staleness.mean()) if batch else 0.0,
+            order=list(update.order),  # the senders in arrival order (not in the run dir)
         )
         self.last_end = now
         return row
@@ -95,6 +91,7 @@ class AsyncServer(Engine):
                 continue
             report, grad = got
             batch.append(report)
+            self.driver.arrive(report.worker, report.runtime_s)
             grad_sum = grad.clone() if grad_sum is None else grad_sum.add_(grad)
         return batch, grad_sum
 
@@ -140,16 +137,6 @@ class AsyncServer(Engine):
             self.hole = (ticket, time.monotonic())
         return time.monotonic() - self.hole[1] > HOLE_GRACE_S
 
-    def observe(self, batch: list[WorkerReport]) -> None:
-        """As the simulator does: the senders' run-times exactly, every other worker censored at
-        the time its computation has run so far (a dead one at the longest run-time applied)."""
-        elapsed = np.maximum(time.perf_counter() - self.began, 1e-6)
-        censored = np.ones(self.cfg.workers, dtype=bool)
-        runtimes = np.where(self.live, elapsed, max((r.runtime_s for r in batch), default=1e-6))
-        for r in batch:
-            runtimes[r.worker], censored[r.worker] = max(r.runtime_s, 1e-6), False
-        self.policy.observe(runtimes, censored)
-
     @interrupts_deferred()
     def restart(self, workers) -> None:
         """Send the current parameters to ``workers``: each begins its next computation. The
@@ -158,8 +145,9 @@ class AsyncServer(Engine):
         vector = parameters_to_vector(self.params.model.parameters()).detach()
         for w in map(int, workers):
             j = int(self.next_j[w])
-            payload = P.pack_params(vector, self.version, j)
-            self.began[w], self.began_wall[w] = time.perf_counter(), time.time()
+            payload = P.pack_params(vector, self.driver.version, j)
+            self.driver.restart(w, time.perf_counter())
+            self.began_wall[w] = time.time()
             self.current_j[w], self.next_j[w] = j, j + 1
             try:
                 self.sends[w] = self.groups[w].send([payload], 1, P.ASYNC_PARAMS_TAG)
@@ -182,7 +170,7 @@ class AsyncServer(Engine):
             except (RuntimeError, dist.DistError):
                 self.declare_dead([w])
         self.last_end = time.perf_counter()
-        self.version = self.next_iteration
+        self.driver.version = self.next_iteration
         if self.next_iteration < self.cfg.iterations:
             self.restart(np.flatnonzero(self.live))  # everyone begins its first computation
 
@@ -247,14 +235,14 @@ class AsyncServer(Engine):
     # -- trace rows ---------------------------------------------------------------------------
     def add_censored(self, w: int) -> None:
         """Worker w's current computation, censored at the time it has run so far."""
-        elapsed = time.perf_counter() - self.began[w]
+        elapsed = time.perf_counter() - self.driver.began[w]
         start = self.began_wall[w] - self.t0_epoch
         self.add_row(
             WorkerReport(w, int(self.current_j[w]), start, elapsed, np.nan, 0.0).cut_at(elapsed)
         )
 
     def add_row(self, report: WorkerReport) -> None:
-        self.add_rows([report], self.k or None)
+        self.add_rows([report], self.driver.k or None)
         self.written_j[report.worker] = max(self.written_j[report.worker], report.iteration + 1)
 
     # -- state for --resume -------------------------------------------------------------------

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import HUNG, interrupts_deferred
-from bdsgd.stages.engine.config import scaled_lr
+from bdsgd.stages.engine.step_log import StepLog
 from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
@@ -97,14 +97,12 @@ class Coordinator(SyncEngine):
         self.members: list[int] = []
         self.last_cut = 0.0
         self.cycle_s: float | None = None  # an iteration's duration (cut to cut), smoothed
-        self.pending_evals: dict[int, int] = {}  # iteration -> its index in the log
+        self.steps = StepLog(c10d, self.log, self.noise, cfg.batch_size)  # what steps tell
         self.replica: tuple[int, bytes] | None = None  # (steps, state) last fetched
         self.lags_ms: list[float] = []
         self.digests: dict[int, str] = {}
         self.devices: dict[int, str] = {}  # worker -> the device type it computes on
         self.finished = False
-        self.noise_next = 0  # the first iteration whose gradient statistics are not yet read
-        self.read_steps: dict[int, P.Step] = {}  # steps admit read (without their reports)
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
         self.checkpointed = c10d.get(P.STATES_KEY) == b"1"  # a run directory takes states
         self.records: set[int] = set()  # iterations after which the rows and state are written
@@ -121,39 +119,15 @@ class Coordinator(SyncEngine):
 
     # -- an iteration -------------------------------------------------------------------------
     def begin(self, t: int) -> None:
-        self.read_noise(t)
+        self.steps.read_through(t, self.reads_arrivals)
         super().begin(t)
 
-    def read_noise(self, t: int) -> None:
-        """Feed the noise-scale estimate the statistics the lowest replica has published, in
-        order (those of a step already read by :meth:`admit` without a second read), and the
-        log the held-out losses the steps carry. The latest all-reduce (t - 1) may still run:
-        it counts at the next iteration; an earlier one with none published had no update (a
-        failure) and is skipped."""
-        k = self.noise_next
-        while k < t:
-            step = self.read_steps.pop(k, None)
-            if step is None and self.reads_arrivals and self.c10d.check([P.step_key(k)]):
-                step = P.decode_step(self.c10d.get(P.step_key(k)), slots=False)
-                self.c10d.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
-            if step is None and k == t - 1:
-                break
-            if step is not None and step.stats is not None:  # (None: it applied nothing)
-                n, sq, mean_sq, samples = step.stats
-                self.noise.update(n, self.cfg.batch_size, sq, mean_sq, samples)
-            self.settle_evals(k, step.evaluated if step is not None else None)
-            k += 1
-        self.noise_next = k
-
-    def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
-        """Step k is read (or failed): it carried the held-out loss of the due iteration
-        before it, if any, summed by its all-reduce (:mod:`bdsgd.stages.engine.replica`); a due
-        iteration before k whose loss no step carried (a regrouping came between) goes
-        without one."""
-        if evaluated is not None and evaluated[0] in self.pending_evals:
-            self.log.rows["eval_loss"][self.pending_evals.pop(evaluated[0])] = evaluated[1]
-        for due in [d for d in self.pending_evals if d < k]:
-            del self.pending_evals[due]
+    def record(self, t: int, predicted: dict | None = None, **values) -> dict:
+        """The base row, with the learning rate the replicas applied at t, which comes with
+        their step (:class:`StepLog`)."""
+        if "lr" not in values:
+            values["lr"] = self.steps.lr_of(t)
+        return super().record(t, predicted, **values)
 
     def before_announcing(self, first: int, last: int) -> None:
         """Decide which of the iterations about to be announced are followed by a record (the
@@ -231,7 +205,7 @@ class Coordinator(SyncEngine):
         if blob is None:
             return []
         step = P.decode_step(blob)
-        self.read_steps[t] = step._replace(reports=[])
+        self.steps.took(t, step)
         slots = step.reports
         slots.sort(key=lambda s: (s[0], s[1].start_s + s[1].runtime_s))
         reports = [report for _, report in slots]
@@ -292,20 +266,19 @@ class Coordinator(SyncEngine):
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
         """The replicas apply the update themselves; the coordinator only times the cycle
-        (cut to cut) and logs the learning rate they use."""
+        (cut to cut); the learning rate they applied comes with their step (:meth:`record`)."""
         now = time.perf_counter()
         iteration_s, self.last_cut = now - self.last_cut, now
         self.cycle_s = (
             iteration_s if self.cycle_s is None else 0.8 * self.cycle_s + 0.2 * iteration_s
         )
         if t % self.cfg.eval_every == 0:
-            self.pending_evals[t] = len(self.log.rows.get("iteration", []))
+            self.steps.eval_due(t)
         if self.aborted:
             # no replica stepped, and none publishes a state for a record decided here
             self.records.discard(t)
             return iteration_s, {"lr": 0.0, "c": 0}
-        n, live = len(reports), int(self.live.sum())
-        return iteration_s, {"lr": scaled_lr(self.cfg, n, live, self.noise.lr_factor(n, live))}
+        return iteration_s, {} if reports else {"lr": 0.0}  # (nothing admitted: no step)
 
     def iteration_keys(self, t: int) -> list[str]:
         # (a state published for a record the coordinator did not take: a stop rule, an
@@ -389,23 +362,14 @@ class Coordinator(SyncEngine):
             self.write_announcement(resume, self.announced)
 
     # -- held-out loss, state, end ------------------------------------------------------------
-    def collect_evals(self, wait_s: float) -> None:
-        """At the end: the held-out losses the last steps carried, then the one due after the
-        last iteration, which the lowest replica evaluates as it stops (waiting up to
-        ``wait_s`` in all)."""
-        self.read_noise(self.next_iteration)
-        deadline = time.monotonic() + wait_s
-        for t, index in list(self.pending_evals.items()):
-            if P.wait_key(self.c10d, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
-                self.log.rows["eval_loss"][index] = float(self.c10d.get(P.eval_key(t)).decode())
-            del self.pending_evals[t]
-
     def state(self, next_iteration: int) -> dict:
         """The base state, at the iterations the lowest replica has applied (its step count:
         iterations with an update). They differ from the coordinator's count after iterations
         without an update, when the run ended without :meth:`run_announced` (a second Ctrl-C,
         a failure at the end) or was cut short mid-all-reduce."""
         self.fetch_replica(next_iteration)
+        if not self.finished:  # (the step before a state is published before it: its lr)
+            self.steps.read_through(next_iteration, self.reads_arrivals)
         steps = self.replica[0] if self.replica is not None else next_iteration
         return super().state(steps)
 
@@ -431,7 +395,7 @@ class Coordinator(SyncEngine):
         replica = P.decode_replica_state(blob)
         if "noise" in replica:
             self.noise.load_state_dict(replica["noise"])
-        self.noise_next = int(state["next_iteration"])
+        self.steps.next = int(state["next_iteration"])
 
     def finish(self, current: int) -> None:
         """Tell the replicas to stop after ``current``; collect the held-out losses, the final
@@ -455,7 +419,7 @@ class Coordinator(SyncEngine):
         if self.generation >= 0 and self.wait_published(P.replica_key("final"), left):
             blob = self.c10d.get(P.replica_key("final"))
             self.replica = (int(P.decode_replica_state(blob)["steps"]), blob)
-        self.collect_evals(min(1.0, left()))
+        self.steps.collect_evals(self.next_iteration, self.reads_arrivals, min(1.0, left()))
         for w in map(int, np.flatnonzero(self.live)):
             if self.wait_published(P.digest_key(w), left):
                 self.digests[w] = self.c10d.get(P.digest_key(w)).decode()

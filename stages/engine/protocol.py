@@ -176,12 +176,18 @@ def decode_announcement(code: int) -> tuple[int, int, int, int]:
     return code >> 32, code & ((1 << 23) - 1), (code >> 23) & 1, (code >> 24) & 255
 
 
-def encode_step(stats: tuple, slots: bytes, evaluated: tuple[int, float] | None = None) -> bytes:
+def encode_step(
+    stats: tuple,
+    slots: bytes,
+    evaluated: tuple[int, float] | None = None,
+    lr: float | None = None,
+) -> bytes:
     """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), then
     ``";<iteration>,<held-out loss>"`` when the all-reduce summed one (empty after the ``;``
-    otherwise), a newline, then the reduced report slots (float32 bytes,
-    :meth:`WorkerReport.from_slots`)."""
-    head = ",".join(map(repr, stats)) + ";" + ",".join(map(repr, evaluated or ()))
+    otherwise), then ``";<lr>"``, the learning rate the step applied (empty when none), a
+    newline, then the reduced report slots (float32 bytes, :meth:`WorkerReport.from_slots`)."""
+    head = ";".join((",".join(map(repr, stats)), ",".join(map(repr, evaluated or ())),
+                     "" if lr is None else repr(lr)))  # fmt: skip
     return head.encode() + b"\n" + slots
 
 
@@ -191,12 +197,13 @@ class Step(NamedTuple):
     stats: tuple | None  # (n, sum |g_i|^2, |mean|^2, samples); None: nothing was applied
     evaluated: tuple[int, float] | None  # (iteration, held-out loss after it) summed by it
     reports: list[tuple[int, WorkerReport]]  # (ticket, report) the all-reduce carried
+    lr: float | None = None  # the learning rate the replicas stepped with; None: no step
 
 
 def decode_step(blob: bytes, slots: bool = True) -> Step:
     """A step published by :func:`encode_step` (no reports unless ``slots``)."""
     head, _, rest = blob.partition(b"\n")
-    applied, _, evaluated = head.decode().partition(";")
+    applied, evaluated, lr = head.decode().split(";")
     stats = None
     if applied:
         n, sq, mean_sq, samples = applied.split(",")
@@ -206,7 +213,7 @@ def decode_step(blob: bytes, slots: bool = True) -> Step:
         t, value = evaluated.split(",")
         loss = (int(t), float(value))
     reports = WorkerReport.from_slots(np.frombuffer(rest, dtype="f4")) if slots else []
-    return Step(stats, loss, reports)
+    return Step(stats, loss, reports, float(lr) if lr else None)
 
 
 BATCH_ENTRY = struct.Struct("<qI")  # iteration, length of its step

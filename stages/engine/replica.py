@@ -22,15 +22,14 @@ See :mod:`bdsgd.stages.engine.collective` for the coordinator and the failure pr
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import os
 import time
 
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import scaled_lr, sgd
+from bdsgd.stages.engine.replica_steps import StepPublisher, eval_rows, replica_group
 from bdsgd.stages.engine.worker import (
     WorkerProcess,
     WorkerSpec,
@@ -76,19 +75,14 @@ class Replica(WorkerProcess):
         self.generation, self.group, self.members = -1, None, []
         self.steps = 0  # iterations applied
         self.noise_stats: tuple = ()  # the last step's (n, sum |g_i|^2, |mean|^2, samples)
+        self.lr: float | None = None  # the learning rate the last step applied (None: no step)
         self.lags_ms: list[float] = []
         self.eval_part: tuple[int, float] | None = None  # (iteration, this slice's loss part)
         self.evaluated: tuple[int, float] | None = None  # the last all-reduce's held-out loss
         self.star = self.c10d.get(P.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
         self.checkpointed = self.c10d.get(P.STATES_KEY) == b"1"  # a run directory takes states
         self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
-        # a fixed c's steps not yet published (every member keeps them: if the lowest dies
-        # before it publishes them, a survivor does), and the last batch the lowest published,
-        # kept until an all-reduce after it shows that the lowest lived to publish it
-        # (each step as :meth:`step_parts`, encoded only when published: the members other
-        # than the lowest publish theirs only after a failure)
-        self.unpublished: list[tuple[int, tuple]] = []
-        self.last_batch: list[tuple[int, tuple]] = []
+        self.steps_out = StepPublisher(self.c10d)  # the steps on their way to the coordinator
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -147,7 +141,7 @@ class Replica(WorkerProcess):
         entered = time.time()
         if not self.all_reduce():
             return self.recover()
-        self.last_batch = []  # (every member, the lowest too, came through this all-reduce)
+        self.steps_out.survived()
         if not ticket:
             self.note_lag(t, entered)
         self.step()
@@ -215,7 +209,7 @@ class Replica(WorkerProcess):
         cfg = self.spec.cfg
         samples, sq_norms, contributions, loss, evaluators = self.comm_scalars.tolist()
         self.take_evaluated(loss, evaluators)
-        self.noise_stats = ()
+        self.noise_stats, self.lr = (), None
         if samples <= 0:
             return
         grad = self.grad.mul_(cfg.batch_size / samples)  # the mean over the admitted samples
@@ -224,9 +218,9 @@ class Replica(WorkerProcess):
         self.noise_stats = stats
         gradients = samples / cfg.batch_size
         gain = self.noise.lr_factor(max(round(gradients), 1), len(self.members))
-        lr = scaled_lr(cfg, gradients, len(self.members), gain)
+        self.lr = scaled_lr(cfg, gradients, len(self.members), gain)
         for group in self.opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.lr
         self.opt.step()
         self.steps += 1
 
@@ -241,7 +235,8 @@ class Replica(WorkerProcess):
         """Build the group of ``generation`` (every generation after the first also takes the
         state of the member that applied the most steps); returns the iteration it resumes at.
         A replica the generation leaves out stops."""
-        self.publish_steps(every=True)  # (the last generation's, if the lowest could not)
+        self.steps_out.publish(self.lowest, every=True)  # (the last generation's: the lowest
+        # may have died before it published them)
         blob = self.c10d.get(P.generation_key(generation)).decode()
         members, resume = blob.split(";")
         self.members = P.decode_members(members.encode())
@@ -260,21 +255,13 @@ class Replica(WorkerProcess):
         return int(resume)  # that those it has not got by then never ran)
 
     def build_group(self, generation: int):
-        # the replicas give up on a collective before the coordinator gives up on a ticket, so
-        # their failure reports tell it which member hangs
-        timeout_s = self.spec.cfg.timeout_s / 2
+        """The generation's group. The replicas give up on a collective (half ``--timeout``)
+        before the coordinator gives up on a ticket, so their failure reports tell it which
+        member hangs."""
+        nccl = P.agreed_backend(self.c10d, self.backend) == "nccl"
         rank, size = self.members.index(self.spec.worker_id), len(self.members)
-        prefix = P.collective_prefix(generation)
-        if P.agreed_backend(self.c10d, self.backend) != "nccl":
-            return P.gloo_group(self.c10d, prefix, rank, size, self.spec.bind_host, timeout_s)
-        # wait() blocks and raises at the timeout (which recover() handles) instead of the
-        # watchdog tearing the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING's default): a dead
-        # member then costs the survivors a regrouping, not their lives. Read when the group is
-        # made.
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = datetime.timedelta(seconds=timeout_s)
-        return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, self.c10d), rank, size, opts)
+        return replica_group(self.c10d, generation, rank, size, nccl, self.spec.bind_host,
+                             self.spec.cfg.timeout_s / 2)  # fmt: skip
 
     def sync_state(self) -> None:
         """Everyone takes the parameters, momentum and step count of the member that applied
@@ -294,7 +281,7 @@ class Replica(WorkerProcess):
         """Report the failed all-reduce (after the steps applied before it, which every member
         publishes: the lowest may be the one that died) and join the coordinator's next
         generation."""
-        self.publish_steps(every=True)
+        self.steps_out.publish(self.lowest, every=True)
         self.c10d.append(P.fail_key(self.generation), f"{self.w},")
         P.shutdown(self.group)
         self.group = None
@@ -316,51 +303,23 @@ class Replica(WorkerProcess):
         return bool(self.members) and self.members[0] == self.spec.worker_id
 
     def publish(self, t: int) -> None:
-        """The lowest replica publishes the step (its gradient statistics, for the
-        coordinator's noise scale, the held-out loss the all-reduce summed, and the reports it
-        carried) and, when the run has a run directory, its state at each checkpoint the
-        coordinator decided on (it takes and deletes the state; a run without one would pile
-        them up in the store)."""
-        cfg = self.spec.cfg
-        if self.live_arrivals:  # (the coordinator reads the arrivals live, and steps one by one)
-            if self.lowest:
-                self.c10d.set(P.step_key(t), P.encode_step(*self.step_parts()))
-        else:
-            self.unpublished.append((t, self.step_parts()))
-            if len(self.unpublished) >= P.STEP_BATCH or t >= self.known_through:
-                self.publish_steps()  # (a batch ends at the block's end: the next waits for it)
-        if not self.lowest:
-            return
-        boundary = (t + 1) % cfg.record_batch == 0
-        if self.checkpointed and boundary and self.c10d.check([P.record_key(t + 1)]):
-            self.c10d.set(P.replica_key(t + 1), self.state_bytes())
+        """The step (:class:`StepPublisher`) and, by the lowest replica when the run has a run
+        directory, its state at each checkpoint the coordinator decided on (it takes and deletes
+        the state; a run without one would pile them up in the store)."""
+        self.steps_out.add(t, self.step_parts(), self.lowest, bool(self.live_arrivals),
+                           block_end=t >= self.known_through)  # fmt: skip
+        boundary = (t + 1) % self.spec.cfg.record_batch == 0
+        if self.lowest and self.checkpointed and boundary:
+            if self.c10d.check([P.record_key(t + 1)]):
+                self.c10d.set(P.replica_key(t + 1), self.state_bytes())
 
     def step_parts(self) -> tuple:
         """The last all-reduce as it is published: the arguments of
         :func:`bdsgd.stages.engine.protocol.encode_step` (the reduced slots copied out of the
-        buffer the next all-reduce reuses)."""
-        return self.noise_stats, self.comm_slots.cpu().numpy().tobytes(), self.evaluated
-
-    def publish_steps(self, every: bool = False) -> None:
-        """The steps of a fixed c not yet published, in one round trip, each under its own key
-        (:func:`bdsgd.stages.engine.protocol.batch_values`), by the lowest replica: before it waits
-        for anything the coordinator does after reading them (its next block, a new generation)
-        and at the end. With ``every``, by any member, with the last batch too (after a failed
-        all-reduce, and before it joins a new generation: the lowest may have died before it
-        published them; the same bytes twice change nothing)."""
-        if self.lowest:
-            if self.unpublished:
-                self.c10d.multi_set(*self.batch_keys(self.unpublished))
-        elif every:
-            for batch in (self.last_batch, self.unpublished):
-                if batch:
-                    self.c10d.multi_set(*self.batch_keys(batch))
-        self.last_batch, self.unpublished = self.unpublished, []
-
-    @staticmethod
-    def batch_keys(steps: list[tuple[int, tuple]]) -> tuple[list[str], list[bytes]]:
-        encoded = [(t, P.encode_step(*parts)) for t, parts in steps]
-        return [P.step_key(t) for t, _ in steps], P.batch_values(encoded)
+        buffer the next all-reduce reuses; the learning rate applied, which the coordinator
+        logs)."""
+        slots = self.comm_slots.cpu().numpy().tobytes()
+        return self.noise_stats, slots, self.evaluated, self.lr
 
     def evaluate_due(self) -> None:
         """At the end: the held-out loss due after the last iteration, which no all-reduce
@@ -370,7 +329,7 @@ class Replica(WorkerProcess):
             self.eval_part = None
 
     def finish(self) -> None:
-        self.publish_steps(every=True)
+        self.steps_out.publish(self.lowest, every=True)
         self.c10d.set(P.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
         self.c10d.set(P.digest_key(self.w), digest)
@@ -389,10 +348,9 @@ class Replica(WorkerProcess):
         """This member's part of the held-out loss: the loss of its slice of the held-out batch
         (members split it in order) weighted by the slice's share, so the parts sum to the
         whole batch's loss for a loss that averages over samples (as the built-in workloads')."""
-        n = len(self.workload.eval_batch[1])
         rank, size = self.members.index(self.spec.worker_id), len(self.members)
-        lo, hi = rank * n // size, (rank + 1) * n // size
-        return self.evaluate_rows(slice(lo, hi), (hi - lo) / n) if hi > lo else 0.0
+        rows, share = eval_rows(len(self.workload.eval_batch[1]), rank, size)
+        return self.evaluate_rows(rows, share) if share else 0.0
 
     @torch.no_grad()
     def evaluate_rows(self, rows: slice, weight: float) -> float:
@@ -403,7 +361,7 @@ class Replica(WorkerProcess):
 
     def state_bytes(self) -> bytes:
         state = {"params": self.flat.cpu(), "momentum": self.momentum.cpu(), "steps": self.steps}
-        return P.encode_replica_state({**state, "noise": self.noise.state_dict()})
+        return P.encode_replica_state({**state, "noise": self.noise.state_dict(), "lr": self.lr})
 
     def load(self, state: dict) -> None:
         self.flat.copy_(state["params"].to(self.device))

@@ -172,7 +172,7 @@ class SyncEngine(Engine):
     @abc.abstractmethod
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
         """Apply the admitted gradients; returns the iteration's duration and extra log values
-        (at least ``lr``)."""
+        (``lr``, the learning rate applied, where this process applies it)."""
 
     # -- admission ----------------------------------------------------------------------------
     def admit(self, t: int) -> list[WorkerReport]:

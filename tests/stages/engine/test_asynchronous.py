@@ -145,20 +145,18 @@ def test_ctrl_c_after_an_update_records_that_update_and_nothing_after(tmp_path, 
     """Ctrl-C right after the server applied update 10 (while it tells the policy): update 10
     is recorded (its parameters are those the checkpoint holds, so a resumed run must not
     apply it again), no update after it, and every worker stops on its own."""
-    from bdsgd.stages.engine.async_server import AsyncServer
+    updates = []
 
-    original, updates = AsyncServer.observe, []
+    class Interrupting(RecordingKAsync):
+        def observe(self, runtimes, censored):
+            super().observe(runtimes, censored)
+            updates.append(int((~censored).sum()))
+            if len(updates) == 11:
+                os.kill(os.getpid(), signal.SIGINT)  # (the handler runs before this returns)
 
-    def observe(self, batch):
-        original(self, batch)
-        updates.append(len(batch))
-        if len(updates) == 11:
-            os.kill(os.getpid(), signal.SIGINT)  # (the handler runs before this returns)
-
-    monkeypatch.setattr(AsyncServer, "observe", observe)
     codes = exit_codes_of_workers(monkeypatch)
     cfg = engine_config(iterations=400, stragglers="synthetic:base_s=0.002")
-    result = run_engine(cfg, RecordingKAsync(2), tmp_path / "traces", lambda t, r: None,
+    result = run_engine(cfg, Interrupting(2), tmp_path / "traces", lambda t, r: None,
                         tmp_path / "run")  # fmt: skip
     assert result.interrupted and result.log["iteration"] == list(range(11))
     assert len(updates) == 11

@@ -347,11 +347,12 @@ def test_a_batch_of_steps_is_found_from_any_of_its_keys():
 
 def test_a_step_carries_the_held_out_loss_the_all_reduce_summed():
     slots = np.zeros(2 * SLOT, dtype="f4").tobytes()
-    step = P.decode_step(P.encode_step((3, 1.0, 0.5, 96), slots, (41, 2.25)))
+    step = P.decode_step(P.encode_step((3, 1.0, 0.5, 96), slots, (41, 2.25), 0.0375))
     assert step.stats == (3, 1.0, 0.5, 96) and step.evaluated == (41, 2.25)
+    assert step.lr == 0.0375  # the learning rate the replicas applied, as they computed it
     assert step.reports == []  # (empty slots: nobody's report)
     bare = P.decode_step(P.encode_step((), slots))
-    assert bare.stats is None and bare.evaluated is None
+    assert bare.stats is None and bare.evaluated is None and bare.lr is None
 
 
 def test_an_adaptive_fixed_c_reads_the_arrivals_live_with_the_same_outcome(tmp_path):
@@ -559,3 +560,31 @@ def test_a_new_generation_takes_the_state_of_the_member_that_applied_the_most_st
         assert taken_steps == max(steps)
         assert flat == [float(source)] * 5
         assert momentum == [-float(source)] * 5
+
+
+@pytest.mark.parametrize("live_arrivals", [False, True], ids=["replicas-cut", "read-live"])
+def test_the_logged_learning_rate_is_the_one_the_replicas_applied_under_salvage(
+    tmp_path, live_arrivals
+):
+    """static:2 of 3 with --salvage and no injected delay: the worker cut off always finished
+    its first micro-batch (the cut is checked between micro-batches), so every step applies
+    more samples than c batches, and the replicas scale the learning rate to them. The log
+    holds that value (whole micro-batches' worth of it, above c's) whether the coordinator
+    reads the step before the row (a fixed c decided by the replicas) or after (arrivals read
+    live), and the last one equals the learning rate the lowest replica's optimizer holds at
+    the end."""
+    cfg = collective_config(workers=3, hosts=("h0", "h1", "h2"), iterations=12, batch_size=8,
+                            micro_batches=4, salvage=True, record_batch=4)  # fmt: skip
+    policy = RecordingStatic(2)
+    policy.adaptive = live_arrivals  # (adaptive: the coordinator reads the tickets live)
+    result = run_engine(cfg, policy, tmp_path / "traces", lambda t, row: None, tmp_path / "run")
+    assert result.log["c"] == [2] * cfg.iterations and not result.dead_workers
+    micro_batch_lr = cfg.lr / (cfg.workers * cfg.micro_batches)  # linear: lr * (samples/b) / N
+    for t, lr in enumerate(result.log["lr"]):
+        micro_batches = lr / micro_batch_lr
+        assert micro_batches == pytest.approx(round(micro_batches)), t
+        assert 2 * cfg.micro_batches < round(micro_batches) <= 3 * cfg.micro_batches, t
+    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    replica = P.decode_replica_state(state["replica"].numpy().tobytes())
+    assert replica["steps"] == cfg.iterations
+    assert replica["lr"] == result.log["lr"][-1]

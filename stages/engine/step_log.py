@@ -1,0 +1,97 @@
+"""What the collective replicas' published steps tell the coordinator: each step's gradient
+statistics feed the noise-scale estimate, in order; the held-out loss a step's all-reduce summed
+and the learning rate it applied go into the log rows of their iterations. A step may be read
+before its iteration's row is recorded (a fixed c's, with its reports; an online one's, as the
+next iteration begins) or after it (then the row is filled in when it is read).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.engine.base import IterationLog
+from bdsgd.stages.goodput import NoiseScale
+
+
+class StepLog:
+    """The coordinator's reading of the steps, and the log values that wait for them."""
+
+    def __init__(self, c10d: dist.Store, log: IterationLog, noise: NoiseScale, batch_size: int):
+        self.c10d, self.log, self.noise, self.batch_size = c10d, log, noise, batch_size
+        self.next = 0  # the first iteration whose step is not yet read
+        self.read: dict[int, P.Step] = {}  # steps read with their reports (a fixed c's)
+        self.pending_evals: dict[int, int] = {}  # iteration -> its index in the log
+        self.lrs: dict[int, float | None] = {}  # steps read before their log row
+        self.pending_lrs: dict[int, int] = {}  # iteration -> its log row, awaiting its step
+
+    def took(self, t: int, step: P.Step) -> None:
+        """Step t, read with its reports (a fixed c's): kept for :meth:`read_through`."""
+        self.read[t] = step._replace(reports=[])
+        self.take_lr(t, step.lr)
+
+    def read_through(self, t: int, online: bool) -> None:
+        """Feed the noise-scale estimate the statistics of the steps before t, in order (those
+        :meth:`took` without a second read; ``online``: read from the store now), and the log
+        the held-out losses and learning rates they carry. The latest all-reduce (t - 1) may
+        still run: it counts at the next call; an earlier one with none published had no update
+        (a failure) and is skipped."""
+        k = self.next
+        while k < t:
+            step = self.read.pop(k, None)
+            if step is None and online and self.c10d.check([P.step_key(k)]):
+                step = P.decode_step(self.c10d.get(P.step_key(k)), slots=False)
+                self.c10d.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
+                self.take_lr(k, step.lr)
+            if step is None and k == t - 1:
+                break
+            if step is not None and step.stats is not None:  # (None: it applied nothing)
+                n, sq, mean_sq, samples = step.stats
+                self.noise.update(n, self.batch_size, sq, mean_sq, samples)
+            self.settle_evals(k, step.evaluated if step is not None else None)
+            k += 1
+        self.next = k
+
+    def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
+        """Step k is read (or failed): it carried the held-out loss of the due iteration
+        before it, if any, summed by its all-reduce (:mod:`bdsgd.stages.engine.replica`); a due
+        iteration before k whose loss no step carried (a regrouping came between) goes
+        without one."""
+        if evaluated is not None and evaluated[0] in self.pending_evals:
+            self.log.rows["eval_loss"][self.pending_evals.pop(evaluated[0])] = evaluated[1]
+        for due in [d for d in self.pending_evals if d < k]:
+            del self.pending_evals[due]
+
+    def eval_due(self, t: int) -> None:
+        """Iteration t's held-out loss comes with a later step (its row is recorded next)."""
+        self.pending_evals[t] = len(self.log.rows.get("iteration", []))
+
+    def take_lr(self, t: int, lr: float | None) -> None:
+        """The learning rate step t applied, as the replicas computed it: into t's log row, or
+        kept for it if t is not recorded yet."""
+        if t in self.pending_lrs:
+            self.log.rows["lr"][self.pending_lrs.pop(t)] = lr
+        else:
+            self.lrs[t] = lr
+        for late in [d for d in self.pending_lrs if d < t]:  # (their steps never came: failed)
+            del self.pending_lrs[late]
+
+    def lr_of(self, t: int) -> float | None:
+        """The learning rate for t's row, about to be recorded: known if its step was read,
+        else None until :meth:`take_lr` fills it in (and for a step that never comes)."""
+        if t in self.lrs:
+            return self.lrs.pop(t)
+        self.pending_lrs[t] = len(self.log.rows.get("iteration", []))
+        return None
+
+    def collect_evals(self, next_iteration: int, online: bool, wait_s: float) -> None:
+        """At the end: the steps not yet read, then the held-out loss due after the last
+        iteration, which the lowest replica evaluates as it stops (waiting up to ``wait_s``
+        in all)."""
+        self.read_through(next_iteration, online)
+        deadline = time.monotonic() + wait_s
+        for t, index in list(self.pending_evals.items()):
+            if P.wait_key(self.c10d, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
+                self.log.rows["eval_loss"][index] = float(self.c10d.get(P.eval_key(t)).decode())
+            del self.pending_evals[t]
