@@ -56,11 +56,12 @@ SPEC_KEYS = (
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate at c = N.")
 @click.option(
     "--lr-scaling",
-    type=click.Choice(["linear", "sqrt", "none", "adascale"]),
-    default="linear",
+    type=click.Choice(["auto", "linear", "sqrt", "none", "adascale"]),
+    default="auto",
     show_default=True,
-    help="How the learning rate follows the number of gradients c (adascale: by their gain "
-    "from the gradient noise scale, see docs/policies.md).",
+    help="How the learning rate follows the share of the gradients applied: linear, sqrt, none, "
+    "adascale (by their gain from the gradient noise scale, see docs/policies.md); auto: sqrt "
+    "for an Adam-type optimizer (a workload's own, --engine loop), linear for SGD.",
 )
 @options.seed
 @click.option("--target-loss", type=float, help="Smoothed training loss that defines time_to_loss.")

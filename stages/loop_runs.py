@@ -32,7 +32,7 @@ CHECKPOINT = "checkpoint.pt"
 def loop_job(cfg, run_id: str, policy: str, out: Path | None, **loop) -> LoopJob:
     """The job of a train or profile config (fields of the same name mean the same)."""
     get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
-    lr_scaling = get("lr_scaling", "linear")
+    lr_scaling = get("lr_scaling", "auto")
     config = LoopConfig(
         policy=policy, checkpoint=None if get("checkpoint") is None else str(cfg.checkpoint),
         traces=str(cfg.traces), out=None if out is None else str(out),

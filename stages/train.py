@@ -88,9 +88,10 @@ class TrainConfig:
     """ring, star or auto: how the collective engine's CPU replicas sum over gloo."""
     lr: float = 0.05
     """Learning rate when every live worker's gradient is applied."""
-    lr_scaling: str = "linear"
-    """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)), none, or adascale
-    (lr*gain(c)/gain(N) from the gradient noise scale, ``bdsgd.stages.goodput.adascale_factor``)."""
+    lr_scaling: str = "auto"
+    """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)), none, adascale
+    (lr*gain(c)/gain(N) from the gradient noise scale, ``bdsgd.stages.goodput.adascale_factor``),
+    or auto: sqrt for an Adam-type optimizer (a workload's own, ``--engine loop``), else linear."""
     seed: int = 0
     """Seed of the workload, the data streams, the stragglers and the policy."""
     target_loss: float | None = None

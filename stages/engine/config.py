@@ -13,7 +13,7 @@ from bdsgd.stages.errors import ConfigError
 ENGINES = ("auto", "collective", "ps", "loop")
 DEVICES = ("auto", "cpu", "cuda")
 ALLREDUCES = ("auto", "ring", "star")
-LR_SCALINGS = ("linear", "sqrt", "none", "adascale")
+LR_SCALINGS = ("auto", "linear", "sqrt", "none", "adascale")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +37,7 @@ class EngineConfig:
     seed: int = 0
     lr: float = 0.05
     momentum: float = 0.9
-    lr_scaling: str = "linear"  # linear | sqrt | none | adascale: lr * f(c / live workers)
+    lr_scaling: str = "auto"  # auto (= linear: SGD) | linear | sqrt | none | adascale
     record_batch: int = 25  # trace rows and the checkpoint are written after every k-th iteration
     record_s: float = 2.0  # ... at most once per this many seconds (0: after every k-th)
     eval_every: int = 10
@@ -95,4 +95,5 @@ def scaled_lr(cfg: EngineConfig, n: float, live: int, gain: float | None = None)
     ratio = n / max(live, 1)
     if cfg.lr_scaling == "adascale":
         return cfg.lr * (gain if gain is not None else ratio)
-    return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.lr_scaling]
+    rule = "linear" if cfg.lr_scaling == "auto" else cfg.lr_scaling  # (these engines step SGD)
+    return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]

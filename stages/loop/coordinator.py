@@ -119,7 +119,8 @@ class LoopCoordinator:
     def close(self, through: int) -> dict:
         self.record(through)
         self.begins.put(None)
-        self.thread.join(self.cfg.timeout_s)
+        if self.thread.ident is not None:  # (started: the run had an iteration)
+            self.thread.join(self.cfg.timeout_s)
         self.janitor.close()
         if self.writer is not None:
             self.writer.close(self.cfg.timeout_s)

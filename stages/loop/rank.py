@@ -120,9 +120,7 @@ class Cutoff:
         self.coordinator = self._start_coordinator()
         broadcast_module(model, src=0)
         dist.barrier()
-        self.t0 = time.perf_counter()
-        if self.coordinator is not None:
-            self.coordinator.start(self.t0)
+        self.t0: float | None = None  # the first iteration's start: the run's clock starts there
 
     # -- the loop -------------------------------------------------------------------------------
     def iteration(self) -> Iteration:
@@ -322,6 +320,10 @@ class Iteration:
     def __enter__(self) -> Iteration:
         cut = self.cut
         self.began = time.perf_counter()
+        if cut.t0 is None:  # (not at construction: a script builds its optimizer, data, ... then)
+            cut.t0 = self.began
+            if cut.coordinator is not None:
+                cut.coordinator.start(cut.t0)
         cut.timer.start()
         if cut.coordinator is not None:
             cut.coordinator.begin(self.t, self.began)
