@@ -264,48 +264,11 @@ class LoopCoordinator:
 
     def summary(self) -> dict:
         """SPEC's train JSON plus the slowest ranks (measure-only runs name them)."""
-        log = self.log
-        c = np.asarray(log.get("c", []), dtype=float)
-        it = np.asarray(log.get("iteration_s", []), dtype=float)
-        decision = np.asarray(log.get("decision_ms") or [0.0], dtype=float)
-        losses = [x for x in log.get("loss", []) if x is not None]
-        evals = [x for x in log.get("eval_loss", []) if x is not None]
-        return {
-            "kind": "train",
-            "engine": "loop",
-            "policy": self.cfg.policy,
-            "run_id": self.run_id,
-            "traces": str(Path(self.cfg.traces).resolve()) if self.cfg.traces else None,
-            "iterations": int(c.size),
-            "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
-            "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,
-            "mean_c": float(c.mean()) if c.size else 0.0,
-            "final_loss": evals[-1]
-            if evals
-            else (float(np.mean(losses[-10:])) if losses else None),
-            "time_to_loss": time_to_loss(log, self.cfg.target_loss),
-            "target_loss": self.cfg.target_loss,
-            "decision_ms_p50": float(np.percentile(decision, 50)),
-            "decision_ms_p99": float(np.percentile(decision, 99)),
-            "world_size": self.world,
-            "rows_appended": self.writer.rows_written if self.writer is not None else 0,
-            "slow_ranks": self.slow_ranks(),
-        }
+        rows = self.writer.rows_written if self.writer is not None else 0
+        return run_summary(self.log, self.cfg, self.run_id, self.world, rows, self.slow_ranks())
 
     def slow_ranks(self) -> list[dict]:
-        """Ranks that are persistently slow, slowest first, with their host: a median run-time
-        at least ``SLOW_FACTOR`` times the cluster's (censored entries count at their cut, a
-        lower bound), or cut in at least half of the iterations."""
-        if len(self.runtimes) == 0 or self.world < MIN_RANKS_TO_NAME:
-            return []
-        runtimes, censored = np.stack(self.runtimes), np.stack(self.censored)
-        per_rank = np.median(runtimes, axis=0)
-        typical = float(np.median(per_rank))
-        cut_share = censored.mean(axis=0)
-        slow = (per_rank >= SLOW_FACTOR * typical) | (cut_share >= 0.5)
-        return [dict(rank=int(w), host=self.hosts[w], median_s=float(per_rank[w]),
-                     ratio=float(per_rank[w] / typical), cut_share=float(cut_share[w]))
-                for w in np.argsort(-per_rank) if slow[w]]  # fmt: skip
+        return slow_ranks(self.runtimes, self.censored, self.hosts, self.world)
 
     def _write_run_dir(self, through: int, final: bool) -> None:
         out = Path(self.cfg.out)
@@ -326,6 +289,51 @@ class LoopCoordinator:
         error = getattr(self.writer, "_error", None)
         if error is not None:
             raise BdsgdError(f"writing traces failed: {first_line(error)}")
+
+
+def run_summary(log: dict, cfg: LoopConfig, run_id: str, world: int, rows: int,
+                slow: list[dict]) -> dict:  # fmt: skip
+    """SPEC's train JSON of an iteration log, plus the trace rows written and the slow ranks."""
+    c = np.asarray(log.get("c", []), dtype=float)
+    it = np.asarray(log.get("iteration_s", []), dtype=float)
+    decision = np.asarray(log.get("decision_ms") or [0.0], dtype=float)
+    losses = [x for x in log.get("loss", []) if x is not None]
+    evals = [x for x in log.get("eval_loss", []) if x is not None]
+    return {
+        "kind": "train",
+        "engine": "loop",
+        "policy": cfg.policy,
+        "run_id": run_id,
+        "traces": str(Path(cfg.traces).resolve()) if cfg.traces else None,
+        "iterations": int(c.size),
+        "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
+        "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,
+        "mean_c": float(c.mean()) if c.size else 0.0,
+        "final_loss": evals[-1] if evals else (float(np.mean(losses[-10:])) if losses else None),
+        "time_to_loss": time_to_loss(log, cfg.target_loss),
+        "target_loss": cfg.target_loss,
+        "decision_ms_p50": float(np.percentile(decision, 50)),
+        "decision_ms_p99": float(np.percentile(decision, 99)),
+        "world_size": world,
+        "rows_appended": rows,
+        "slow_ranks": slow,
+    }
+
+
+def slow_ranks(runtimes: list[np.ndarray], censored: list[np.ndarray], hosts: list[str],
+               world: int) -> list[dict]:  # fmt: skip
+    """Ranks that are persistently slow, slowest first, with their host: a median run-time at
+    least ``SLOW_FACTOR`` times the cluster's (censored entries count at their cut, a lower
+    bound), or cut in at least half of the iterations."""
+    if len(runtimes) == 0 or world < MIN_RANKS_TO_NAME:
+        return []
+    per_rank = np.median(np.stack(runtimes), axis=0)
+    typical = float(np.median(per_rank))
+    cut_share = np.stack(censored).mean(axis=0)
+    slow = (per_rank >= SLOW_FACTOR * typical) | (cut_share >= 0.5)
+    return [dict(rank=int(w), host=hosts[w], median_s=float(per_rank[w]),
+                 ratio=float(per_rank[w] / typical), cut_share=float(cut_share[w]))
+            for w in np.argsort(-per_rank) if slow[w]]  # fmt: skip
 
 
 def own_connection(c10d):
