@@ -86,14 +86,41 @@ def straggler_runs(ranks: int, steps: int, work: Path, common: list[str]) -> dic
     return runs
 
 
-def clean_runs(ranks: int, work: Path, common: list[str]) -> dict[str, dict]:
-    return {
-        "plain DDP": torchrun("ddp_plain.py", ranks, work, "plain0", *common),
-        "full (measure only)": torchrun(
-            "ddp_bdsgd.py", ranks, work, "full0", *common, "--policy", "full"
-        ),  # fmt: skip
-        "ecdf": torchrun("ddp_bdsgd.py", ranks, work, "ecdf0", *common, "--policy", "ecdf"),
+def clean_runs(ranks: int, work: Path, common: list[str], reverse: bool = False) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    plans = {
+        "plain DDP": ("ddp_plain.py", "plain0", []),
+        "full (measure only)": ("ddp_bdsgd.py", "full0", ["--policy", "full"]),
+        "ecdf": ("ddp_bdsgd.py", "ecdf0", ["--policy", "ecdf"]),
     }
+    order = list(plans)[::-1] if reverse else list(plans)
+    runs = {name: torchrun(plans[name][0], ranks, work, plans[name][1], *common, *plans[name][2])
+            for name in order}  # fmt: skip
+    return {name: runs[name] for name in plans}
+
+
+def clean_repeats(ranks: int, steps: int, repeats: int, work: Path) -> str:
+    """Without stragglers, the three runs interleaved ``repeats`` times (the order reversed
+    every other round): each one's steps/s over plain DDP's of the same round, and medians."""
+    common = ["--steps", str(steps), "--batch-size", "16", "--micro-batches", "4"]
+    ratios: dict[str, list[float]] = {"full (measure only)": [], "ecdf": []}
+    rates: dict[str, list[float]] = {"plain DDP": [], **{k: [] for k in ratios}}
+    for i in range(repeats):
+        runs = clean_runs(ranks, work / f"round{i}", common, reverse=i % 2 == 1)
+        for name, run in runs.items():
+            rates[name].append(rate(run))
+        for name in ratios:
+            ratios[name].append(rate(runs[name]) / rate(runs["plain DDP"]))
+    lines = [f"Without stragglers, {repeats} interleaved rounds of {steps} steps, {ranks} ranks:",
+             "", "| run | steps/s, each round | median | vs plain DDP, each round | median |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name, values in rates.items():
+        rel = ratios.get(name)
+        lines.append(f"| {name} | {' / '.join(f'{v:.2f}' for v in values)} | "
+                     f"{np.median(values):.2f} | "
+                     f"{'' if rel is None else ' / '.join(f'{r:.3f}' for r in rel)} | "
+                     f"{'1' if rel is None else f'{np.median(rel):.3f}'}x |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def table(runs: dict[str, dict], target: float) -> list[str]:
@@ -149,9 +176,14 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", help="also write the section here")
+    ap.add_argument("--clean-repeats", type=int, default=0,
+                    help="only the runs without stragglers, this many interleaved rounds")  # fmt: skip
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        text = measure(args.ranks, args.steps, Path(tmp))
+        if args.clean_repeats:
+            text = clean_repeats(args.ranks, args.steps, args.clean_repeats, Path(tmp))
+        else:
+            text = measure(args.ranks, args.steps, Path(tmp))
     print(text)
     if args.out:
         Path(args.out).write_text(text)
