@@ -117,6 +117,7 @@ class Cutoff:
         self.rule: str | None = None
         self.planned_full = 0.0  # a rank's whole batch, samples (accumulate: the last seen)
         self.stop_requested = False
+        self.measure_only = cfg.policy == "full"  # no cut ever comes: ranks never look for one
         self.coordinator = self._start_coordinator()
         broadcast_module(model, src=0)
         dist.barrier()
@@ -402,6 +403,8 @@ class Iteration:
         self.cut.timer.mark()
 
     def _is_cut(self) -> bool:
+        if self.cut.measure_only:
+            return False  # (full cuts nothing: no store call between micro-batches)
         if not self.seen_cut:
             self.seen_cut = self.cut.c10d.check([P.cut_key(self.t)])
         return self.seen_cut
@@ -409,6 +412,9 @@ class Iteration:
     def _wait_delay(self, parts: int) -> bool:
         """This micro-batch's share of the injected delay, ended by a cut; True when cut."""
         if self.delay_s <= 0:
+            return False
+        if self.cut.measure_only:
+            time.sleep(self.delay_s / max(parts, 1))
             return False
         if P.wait_key(self.cut.c10d, P.cut_key(self.t), self.delay_s / max(parts, 1)):
             self.seen_cut = True
