@@ -25,6 +25,7 @@ import pyro
 import torch
 from bdsgd.stages.console import console
 from bdsgd.stages.errors import ConfigError, TraceError
+from bdsgd.stages.heap import retained_heap
 from bdsgd.stages.model.checkpoint import (
     MAX_WIDTH,
     Checkpoint,
@@ -145,7 +146,8 @@ def run_fit(config: FitConfig) -> FitResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _fit(config, runs, prior, began)
+        with retained_heap():
+            return _fit(config, runs, prior, began)
     finally:
         torch.set_num_threads(threads)
 
