@@ -32,7 +32,7 @@ Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 class Combiner(Protocol):
     """q's step: ``combiner(z_{t-1}, h_t) -> (loc, scale)`` of z_t, and ``combiner.draw(z0, h,
-    noise) -> (path, loc, scale)`` the whole path drawn in order."""
+    noise) -> (path, loc, scale)`` the whole path drawn in order, h (M, L, H), noise (M, L, K)."""
 
     def __call__(self, z: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -110,8 +110,11 @@ class FilteredPath(_Path):
         """z_t = loc_t + scale_t eps_t, t = 1..L in order (``combiner.draw``); keeps
         (path, loc, scale). The noise is drawn step by step (t outermost), as L sites would."""
         length, k = self.event_shape
-        noise = torch.randn(length, *sample_shape, *self.batch_shape, k).movedim(0, -2)
-        self.drawn = self.combiner.draw(self.z0, self.h, noise)
+        shape = (*sample_shape, *self.batch_shape)
+        noise = torch.randn(length, *shape, k).movedim(0, -2).reshape(-1, length, k)
+        h = self.h.expand(*shape, -1, -1).reshape(noise.shape[0], length, -1)
+        drawn = self.combiner.draw(self.z0, h, noise)
+        self.drawn = tuple(v.reshape(*shape, length, k) for v in drawn)
         return self.drawn[0]
 
 

@@ -117,21 +117,23 @@ class Combiner(nn.Module):
     def draw(
         self, z0: torch.Tensor, h: torch.Tensor, noise: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A path z_{1:L} drawn with ``noise`` (..., L, K): z_t = loc_t + scale_t noise_t in
-        order, loc_t, scale_t = forward(z_{t-1}, h_t); returns the path, loc and scale.
+        """A path z_{1:L} drawn with ``noise`` (M, L, K), h (M, L, hidden): z_t = loc_t +
+        scale_t noise_t in order, loc_t, scale_t = forward(z_{t-1}, h_t); returns the path,
+        loc and scale (M, L, K).
 
-        The same maths as :meth:`forward` with fewer operations per step: h's share of loc and
-        scale, (U h_t) / 2 + b, is taken for every t at once, and loc and scale come from one
-        product."""
+        The same maths as :meth:`forward` with fewer operations per step (each one a node the
+        backward pass visits): h's share of loc and scale, (U h_t) / 2 + b, is taken for every t
+        at once and split by t in one call, loc and scale come from one product, and the
+        weights are transposed once."""
         out = torch.cat([self.to_loc.weight, self.to_scale.weight])  # (2K, hidden)
         from_h = F.linear(0.5 * h, out, torch.cat([self.to_loc.bias, self.to_scale.bias]))
-        out_t = 0.5 * out.T.contiguous()
-        z, steps, locs, scales = z0.expand(*noise.shape[:-2], -1), [], [], []
-        for t in range(noise.shape[-2]):
-            pre = torch.tanh(self.z_to_hidden(z)) @ out_t + from_h[..., t, :]
-            loc, scale_pre = pre.chunk(2, dim=-1)
+        out_t, in_t = 0.5 * out.T.contiguous(), self.z_to_hidden.weight.T.contiguous()
+        z, steps, locs, scales = z0.expand(noise.shape[0], -1), [], [], []
+        for h_part, eps in zip(from_h.unbind(-2), noise.unbind(-2), strict=True):
+            hidden = torch.tanh(torch.addmm(self.z_to_hidden.bias, z, in_t))
+            loc, scale_pre = torch.addmm(h_part, hidden, out_t).chunk(2, dim=-1)
             scale = F.softplus(scale_pre) + 1e-3
-            z = torch.addcmul(loc, scale, noise[..., t, :])
+            z = torch.addcmul(loc, scale, eps)
             steps.append(z)
             locs.append(loc)
             scales.append(scale)
@@ -267,9 +269,14 @@ class Emitter(nn.Module):
 
     @staticmethod
     def log_lik(y, censored, loc, scale, params: WorkerParams) -> torch.Tensor:
-        """Per-entry mixture log-likelihood (log density, or log survival where censored)."""
-        bulk = censored_normal_log_lik(y, censored, loc, scale)
-        tail = censored_normal_log_lik(y, censored, loc + params.shift, scale * params.widen)
+        """Per-entry mixture log-likelihood (log density, or log survival where censored); the
+        two components in one call."""
+        loc, scale = torch.broadcast_tensors(loc, scale)
+        locs, scales = (
+            torch.stack([loc, loc + params.shift]),
+            torch.stack([scale, scale * params.widen]),
+        )
+        bulk, tail = censored_normal_log_lik(y, censored, locs, scales).unbind(0)
         return torch.logaddexp(bulk + params.log_1m_pi, tail + params.log_pi)
 
     @classmethod
@@ -277,8 +284,8 @@ class Emitter(nn.Module):
         """sum over present entries of log p(y_w | z), each host's jump summed out:
         sum_h log((1 - rho_h) prod_w p(y_w) + rho_h prod_w p(y_w | jump)), (..., N) -> (...)."""
         shown = present.float()
-        calm = (cls.log_lik(y, censored, loc, scale, params) * shown) @ hosts.member
-        jumped = (cls.log_lik(y, censored, loc + params.jump, scale, params) * shown) @ hosts.member
+        both = cls.log_lik(y, censored, torch.stack([loc, loc + params.jump]), scale, params)
+        calm, jumped = ((both * shown) @ hosts.member).unbind(0)
         logit = base.jump_logit[..., hosts.first]
         mixed = torch.logaddexp(calm + F.logsigmoid(-logit), jumped + F.logsigmoid(logit))
         return mixed.sum(-1)
