@@ -35,13 +35,13 @@ from bdsgd.stages.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from bdsgd.stages.model.clipped_adam import FusedClippedAdam
 from bdsgd.stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
 from bdsgd.stages.model.evaluate import NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
 from pyro.infer import SVI, TraceMeanField_ELBO
-from pyro.optim import ClippedAdam
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -292,7 +292,7 @@ def _setup_model(
 def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> list[float]:
     """SVI on random windows; returns the loss (negative ELBO per training entry) of each step."""
     rng = np.random.default_rng(config.seed)
-    optim = ClippedAdam({"lr": config.lr, "lrd": 0.1 ** (1.0 / config.steps), "clip_norm": 10.0})
+    optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
     svi = SVI(model.model, model.guide, optim, loss=TraceMeanField_ELBO())
     losses: list[float] = []
     with _progress(config.progress) as bar, pyro.validation_enabled(False):
