@@ -57,8 +57,8 @@ class FitConfig:
     steps: int = 2000
     """SVI steps (one mini-batch of windows each). 2000 rather than 1000: on a held-out cluster
     whose hosts slow down gradually (not in jumps) the online policy gained 1.2-1.9 points of
-    oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit takes twice as
-    long (about 3 minutes at N=32, T=2000 on 2 cores)."""
+    oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit at N=32,
+    T=2000 takes 65-75 CPU seconds on 2 cores, 4 minutes at N=256."""
     seed: int = 0
     """Seeds parameter initialisation, window sampling and evaluation."""
     init: Path | None = None
