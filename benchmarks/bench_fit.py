@@ -1,8 +1,9 @@
-"""``bdsgd fit`` with default settings on synthetic drifting clusters: wall time and held-out NLL.
+"""``bdsgd fit`` with default settings on synthetic drifting clusters: time and held-out NLL.
 
 Each case writes a trace store of N workers x T iterations from :class:`SyntheticCluster` (host-
 correlated slow regimes, drift, heavy-tailed spikes), some of it censored at a cutoff, runs
-``run_fit`` with the default ``FitConfig`` and reports the fit time (training and evaluation) and
+``run_fit`` with the default ``FitConfig`` and reports the fit's CPU and wall seconds (training and
+evaluation), the load average after it (the CPU seconds grow with it on a shared machine) and
 the held-out one-step-ahead NLL of the model and the ``window``/``ewma`` baselines.
 
 Reproduce: ``.venv/bin/python -c "from benchmarks.bench_fit import run; print(run())"``
@@ -63,8 +64,18 @@ def measure(name: str, workers: int, iterations: int, steps: int) -> dict:
         config = FitConfig(
             traces=store.path, checkpoint=Path(tmp) / "m.pt", steps=steps, progress=False
         )
+        began = time.process_time()
         result = run_fit(config)
-    return {"case": name, "N": workers, "T": iterations, "steps": steps, **result.to_json()}
+        cpu_s = time.process_time() - began
+    return {
+        "case": name,
+        "N": workers,
+        "T": iterations,
+        "steps": steps,
+        "cpu_s": cpu_s,
+        "load": os.getloadavg()[0],
+        **result.to_json(),
+    }
 
 
 def fit_cpu_s(workers: int, iterations: int, steps: int) -> float:
@@ -117,14 +128,15 @@ def run(quick: bool = False) -> str:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), fit on 1 torch thread.",
         "",
-        "| cluster | N x T | steps | fit s | val_nll model | window | ewma |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| cluster | N x T | steps | CPU s | wall s | load | val_nll model | window | ewma |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         b = r["baseline_nll"]
         lines.append(
-            f"| {r['case']} | {r['N']} x {r['T']} | {r['steps']} | {r['fit_s']:.1f} "
-            f"| {r['val_nll']:.4f} | {b['window']:.4f} | {b['ewma']:.4f} |"
+            f"| {r['case']} | {r['N']} x {r['T']} | {r['steps']} | {r['cpu_s']:.1f} "
+            f"| {r['fit_s']:.0f} | {r['load']:.1f} | {r['val_nll']:.4f} | {b['window']:.4f} "
+            f"| {b['ewma']:.4f} |"
         )
     lines += [
         "",

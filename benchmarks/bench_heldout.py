@@ -30,7 +30,7 @@ and the short runs at a level no fit had (:data:`LEVELS`, :func:`evaluate_levels
 (``level-below``) or 2.4 s (``level-above``) each replayed from its first iteration, no warm-up.
 
 Reproduce: ``.venv/bin/python -c "from benchmarks.bench_heldout import run; print(run())"``
-(or ``make bench``). A full run fits six models (about 3 minutes each on 2 cores, at the
+(or ``make bench``). A full run fits six models (65-75 CPU seconds each on 2 cores, at the
 default 2000 steps).
 """
 

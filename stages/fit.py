@@ -25,6 +25,7 @@ import pyro
 import torch
 from bdsgd.stages.console import console
 from bdsgd.stages.errors import ConfigError, TraceError
+from bdsgd.stages.heap import retained_heap
 from bdsgd.stages.model.checkpoint import (
     MAX_WIDTH,
     Checkpoint,
@@ -34,13 +35,13 @@ from bdsgd.stages.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from bdsgd.stages.model.clipped_adam import FusedClippedAdam
 from bdsgd.stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
 from bdsgd.stages.model.evaluate import NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
 from pyro.infer import SVI, TraceMeanField_ELBO
-from pyro.optim import ClippedAdam
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -56,8 +57,8 @@ class FitConfig:
     steps: int = 2000
     """SVI steps (one mini-batch of windows each). 2000 rather than 1000: on a held-out cluster
     whose hosts slow down gradually (not in jumps) the online policy gained 1.2-1.9 points of
-    oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit takes twice as
-    long (about 3 minutes at N=32, T=2000 on 2 cores)."""
+    oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit at N=32,
+    T=2000 takes 65-75 CPU seconds on 2 cores, 4 minutes at N=256."""
     seed: int = 0
     """Seeds parameter initialisation, window sampling and evaluation."""
     init: Path | None = None
@@ -145,7 +146,8 @@ def run_fit(config: FitConfig) -> FitResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _fit(config, runs, prior, began)
+        with retained_heap():
+            return _fit(config, runs, prior, began)
     finally:
         torch.set_num_threads(threads)
 
@@ -290,7 +292,7 @@ def _setup_model(
 def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> list[float]:
     """SVI on random windows; returns the loss (negative ELBO per training entry) of each step."""
     rng = np.random.default_rng(config.seed)
-    optim = ClippedAdam({"lr": config.lr, "lrd": 0.1 ** (1.0 / config.steps), "clip_norm": 10.0})
+    optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
     svi = SVI(model.model, model.guide, optim, loss=TraceMeanField_ELBO())
     losses: list[float] = []
     with _progress(config.progress) as bar, pyro.validation_enabled(False):
