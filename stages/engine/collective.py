@@ -27,12 +27,14 @@ Two admissions, by what the policy needs:
 Failures: a death (a reaped process, a ticket deadline) or a replica's report that its all-reduce
 failed (``cfail/<generation>``, for a member that hangs) ends the current iteration without an
 update and starts a new generation among the survivors, resuming at the next iteration (after
-the block, for one announced ahead: :meth:`Coordinator.on_dead`): its members rebuild the group
+the block, for one announced ahead: :meth:`Regrouping.regroup`): its members rebuild the group
 and take the parameters and optimizer state of the member that applied the most steps, so the
 replicas stay identical whichever of them had stepped.
 
 The keys and their encodings are the wire's (:mod:`bdsgd.stages.engine.protocol`); this module
-decides what to announce and when, and reads what the replicas publish.
+decides what to announce and when, and reads the steps; :class:`Announcer` writes the
+generations and announcements, :class:`Regrouping` handles failures, :class:`StepLog` reads what
+the steps tell and :class:`ReplicaOutputs` collects what else the replicas publish.
 """
 
 from __future__ import annotations
@@ -41,16 +43,16 @@ import os
 import time
 
 import numpy as np
-import torch
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.base import HUNG, interrupts_deferred
+from bdsgd.stages.engine.announcer import Announcer
+from bdsgd.stages.engine.regroup import Regrouping
+from bdsgd.stages.engine.replica_outputs import ReplicaOutputs
 from bdsgd.stages.engine.step_log import StepLog
 from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.workloads import resolve_device
 
-FAIL_GRACE_S = 5.0  # after a failure report, how long the other members have to report too
 STAR_MAX_PARAMS = 250_000  # auto: a star up to this model size (1 MB of float32) ...
 STAR_CROWDED_MAX_PARAMS = 1_000_000  # ... or up to this one with more workers than cores
 LOOKAHEAD = 64  # iterations a c that depends on nothing observed is announced ahead, at most
@@ -93,28 +95,18 @@ class Coordinator(SyncEngine):
 
     def __init__(self, cfg, c10d, workload, policy, writer, alive):
         super().__init__(cfg, c10d, policy, writer, alive)
-        self.generation = -1
-        self.members: list[int] = []
         self.last_cut = 0.0
         self.cycle_s: float | None = None  # an iteration's duration (cut to cut), smoothed
         self.steps = StepLog(c10d, self.log, self.noise, cfg.batch_size)  # what steps tell
-        self.replica: tuple[int, bytes] | None = None  # (steps, state) last fetched
-        self.lags_ms: list[float] = []
-        self.digests: dict[int, str] = {}
-        self.devices: dict[int, str] = {}  # worker -> the device type it computes on
-        self.finished = False
+        self.announcer = Announcer(c10d, cfg.record_batch, self.record_clock)  # what they hear
+        self.outputs = ReplicaOutputs(c10d, cfg, alive)  # states, devices, digests, lags
+        self.regrouping = Regrouping(self)  # failures, and the survivors' new generation
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
-        self.checkpointed = c10d.get(P.STATES_KEY) == b"1"  # a run directory takes states
-        self.records: set[int] = set()  # iterations after which the rows and state are written
-        self.limit = 0  # the limit last announced
-        self.block_starts: set[int] = set()  # iterations whose announcement keys were written
-        self.cuttable: set[int] = set()  # iterations announced with c below the live count
-        self.resume_at = -1  # where the last regrouping of a block announced ahead resumed
 
     def connect(self) -> None:
         super().connect()
         for w in map(int, np.flatnonzero(self.live)):
-            self.device_of(w)
+            self.outputs.device_of(w)
         self.last_cut = time.perf_counter()
 
     # -- an iteration -------------------------------------------------------------------------
@@ -130,22 +122,13 @@ class Coordinator(SyncEngine):
         return super().record(t, predicted, **values)
 
     def before_announcing(self, first: int, last: int) -> None:
-        """Decide which of the iterations about to be announced are followed by a record (the
-        trace rows and, with a run directory, the checkpoint: :meth:`Engine.record_due`), and
-        tell the lowest replica, which publishes its state only there, before any of them is
-        announced: a replica running a block ahead reads the decision after the iteration."""
-        for k in range(first, last + 1):
-            if (k + 1) % self.cfg.record_batch == 0 and self.record_clock():
-                self.records.add(k)
-                if self.checkpointed:
-                    self.c10d.set(P.record_key(k + 1), "1")
+        """Decide which iterations about to be announced are followed by a record (the trace
+        rows and, with a run directory, the checkpoint: :meth:`Engine.record_due`)."""
+        self.announcer.decide_records(first, last)
 
     def record_due(self, t: int) -> bool:
         """As decided when t was announced."""
-        if t in self.records:
-            self.records.discard(t)
-            return True
-        return False
+        return self.announcer.take_record(t)
 
     def announce(self, t: int, limit: int) -> None:
         self.announce_block(t, t, limit)
@@ -154,21 +137,12 @@ class Coordinator(SyncEngine):
         """A new generation if the live set changed, then iterations ``first..last`` at once:
         keys for ``first`` alone, which say through which iteration they hold."""
         self.new_generation(first)
-        self.limit = limit
-        self.write_announcement(first, last)
+        self.announcer.limit = limit
+        self.announcer.write(first, last, self.reads_arrivals)
 
-    def write_announcement(self, first: int, last: int) -> None:
-        """Iterations ``first..last`` of the current generation, with the last limit announced,
-        and whether the coordinator reads arrivals live: as one integer for the replicas'
-        one-round-trip read (set, not added: a regrouping announces again over an older one),
-        then as text, which a replica that came early waits for (it then reads the integer)."""
-        live = int(self.reads_arrivals)
-        code = P.encode_announcement(self.generation, self.limit, live, last - first)
-        self.c10d.set(P.announce_key(first), str(code))
-        self.c10d.set(P.go_key(first), f"{self.generation},{self.limit},{live}")
-        self.block_starts.add(first)
-        if self.limit < len(self.members):  # the replicas take tickets, and cut
-            self.cuttable.update(range(first, last + 1))
+    def new_generation(self, resume: int) -> None:
+        if self.announcer.new_generation(self.live, resume):
+            self.batched = {}  # (a new generation may run them again: read what it publishes)
 
     @property
     def reads_arrivals(self) -> bool:
@@ -189,8 +163,9 @@ class Coordinator(SyncEngine):
             return 0
         window = min(LOOKAHEAD, int(LOOKAHEAD_S / max(self.cycle_s, 1e-9)))
         front = max(t, max(self.batched, default=t))  # the replicas are past every step read
-        if self.announced >= front + window // 2:
-            return self.announced - t  # nothing new to announce
+        announced = self.progress.announced
+        if announced >= front + window // 2:
+            return announced - t  # nothing new to announce
         return min(front + window, self.cfg.iterations - 1) - t
 
     def admit(self, t: int) -> list[WorkerReport]:
@@ -199,9 +174,9 @@ class Coordinator(SyncEngine):
         the lowest replica's step, in ticket order (arrival order when nobody could be cut)."""
         if self.reads_arrivals:
             return super().admit(t)
-        self.admitting = t
+        self.progress.admitting = t
         blob = self.wait_step(t)
-        self.admitting = None
+        self.progress.admitting = None
         if blob is None:
             return []
         step = P.decode_step(blob)
@@ -222,7 +197,7 @@ class Coordinator(SyncEngine):
         one ``--timeout`` for each iteration it may hold."""
         if t in self.batched:
             return self.batched.pop(t)
-        held = min(P.STEP_BATCH, max(self.announced - t + 1, 1))
+        held = min(P.STEP_BATCH, max(self.progress.announced - t + 1, 1))
         deadline = time.monotonic() + self.cfg.timeout_s * held
         key = P.step_key(t)
         while True:
@@ -232,37 +207,19 @@ class Coordinator(SyncEngine):
                     return self.batched.pop(t)
                 time.sleep(0.05)  # (a pointer an earlier generation left: t's step is to come)
             self.poll()
-            if not self.aborted and self.never_ran(t):
-                self.aborted = True  # (ended without an update)
-            if self.aborted:
+            if not self.progress.aborted and self.regrouping.never_ran(t):
+                self.progress.aborted = True  # (ended without an update)
+            if self.progress.aborted:
                 return None
             if time.monotonic() > deadline:
-                self.handle_failure()
+                self.regrouping.handle_failure()
                 return None
-
-    def never_ran(self, t: int) -> bool:
-        """Whether iteration t, of a block the replicas ran ahead when a regrouping ended it,
-        has no step and never will: every member of the new generation has joined it, and each
-        published the steps it held before it joined. The iteration ends without an update."""
-        if t >= self.resume_at:
-            return False
-        joined = self.c10d.add(P.joined_key(self.generation), 0)
-        return joined >= len(self.members) and not self.c10d.check([P.step_key(t)])
 
     def read_batch(self, key: str) -> dict[int, bytes]:
         """The batch of steps ``key`` holds or points to (:func:`batch_values`)."""
         value = self.c10d.get(key)
         first = P.batch_pointer(value)
         return P.decode_batch(value if first is None else self.c10d.get(P.step_key(first)))
-
-    def new_generation(self, resume: int) -> None:
-        members = (np.flatnonzero(self.live) + 1).tolist()
-        if members == self.members:
-            return
-        self.generation += 1
-        self.members = members
-        self.batched = {}  # (a new generation may run them again: read what it publishes)
-        self.c10d.set(P.generation_key(self.generation), f"{P.encode_members(members)};{resume}")
 
     def apply(self, t: int, reports: list[WorkerReport], start: float) -> tuple[float, dict]:
         """The replicas apply the update themselves; the coordinator only times the cycle
@@ -274,9 +231,9 @@ class Coordinator(SyncEngine):
         )
         if t % self.cfg.eval_every == 0:
             self.steps.eval_due(t)
-        if self.aborted:
+        if self.progress.aborted:
             # no replica stepped, and none publishes a state for a record decided here
-            self.records.discard(t)
+            self.announcer.records.discard(t)
             return iteration_s, {"lr": 0.0, "c": 0}
         return iteration_s, {} if reports else {"lr": 0.0}  # (nothing admitted: no step)
 
@@ -288,9 +245,7 @@ class Coordinator(SyncEngine):
             if (t + 1) % self.cfg.record_batch == 0
             else []
         )
-        started, cut = t in self.block_starts, t in self.cuttable
-        self.block_starts.discard(t)
-        self.cuttable.discard(t)
+        started, cut = self.announcer.retire(t)
         announced = [P.announce_key(t)] if started else []
         if self.reads_arrivals:  # (announced one by one, tickets read live; read_noise deletes
             return [*super().iteration_keys(t), *announced, *recorded]  # the step)
@@ -299,67 +254,16 @@ class Coordinator(SyncEngine):
         made += [P.ticket_key(t), P.cut_key(t)] if cut else []
         return [*made, *announced, P.step_key(t), *recorded]
 
-    # -- failures -----------------------------------------------------------------------------
+    # -- failures (:class:`Regrouping`) -----------------------------------------------------
     def poll(self) -> None:
         """While waiting for a ticket: deaths, and replicas whose all-reduce failed."""
         self.reap()
-        if not self.aborted and self.c10d.check([P.fail_key(self.generation)]):
-            self.handle_failure()
+        if not self.progress.aborted and self.regrouping.failure_reported():
+            self.regrouping.handle_failure()
 
-    @interrupts_deferred()
-    def handle_failure(self) -> None:
-        """A member's all-reduce failed: every member that is alive reports it within a grace;
-        the ones that do not are hung, and declared dead. Ctrl-C waits for the regrouping: the
-        members that reported wait for the next generation, not for the stop."""
-        grace = time.monotonic() + min(self.cfg.timeout_s, FAIL_GRACE_S)
-        members = set(np.flatnonzero(self.live).tolist())
-        while time.monotonic() < grace:
-            self.reap()
-            reported = self.failed_members() | set(np.flatnonzero(~self.live).tolist())
-            if members <= reported:
-                break
-            time.sleep(0.05)
-        hung = members - self.failed_members()
-        self.declare_dead(sorted(hung), HUNG)
-        if not hung:  # a failure nobody caused (a network blip): rebuild all the same
-            self.on_dead([])
-
-    def failed_members(self) -> set[int]:
-        if not self.c10d.check([P.fail_key(self.generation)]):
-            return set()
-        blob = self.c10d.get(P.fail_key(self.generation)).decode()
-        return {int(w) for w in blob.split(",") if w}
-
-    @interrupts_deferred()
     def on_dead(self, workers: list[int]) -> None:
-        """Regroup the survivors. Online, found while an iteration runs, it ends without an
-        update and the new group resumes at the next one; found before it is announced, the new
-        group runs it. A block announced ahead, which the replicas run without waiting for the
-        coordinator, is left to them: the new group resumes after it, the coordinator reads the
-        steps the survivors ran (they publish them, the lowest's unpublished ones too) and ends
-        the rest without an update (:meth:`never_ran`), so no update is applied twice, nor
-        applied without being logged. The generation lands whole under Ctrl-C (replicas whose
-        all-reduce failed wait for it)."""
-        if not self.reads_arrivals:
-            resume = self.resume_at = max(self.announced, self.begun) + 1
-        elif self.admitting is not None:
-            self.aborted = True
-            self.c10d.set(P.cut_key(self.admitting), repr(time.time()))
-            resume = self.admitting + 1
-        else:  # found between iterations: the new group runs the coming one
-            resume = self.begun + 1
-        self.members = []  # force a new generation even if nobody died (failure without death)
-        self.new_generation(resume)
-        if not self.reads_arrivals and resume < self.cfg.iterations:
-            # announced now (or the stop): survivors that finished the block wait for it
-            if self.stop_pending:
-                self.c10d.set(P.go_key(resume), P.STOP)
-            else:
-                self.before_announcing(resume, resume)
-                self.write_announcement(resume, resume)
-                self.announced = resume
-        elif resume <= self.announced:  # (a block announced ahead: its keys are at its start)
-            self.write_announcement(resume, self.announced)
+        """Regroup the survivors (:meth:`Regrouping.regroup`)."""
+        self.regrouping.regroup()
 
     # -- held-out loss, state, end ------------------------------------------------------------
     def state(self, next_iteration: int) -> dict:
@@ -367,25 +271,14 @@ class Coordinator(SyncEngine):
         iterations with an update). They differ from the coordinator's count after iterations
         without an update, when the run ended without :meth:`run_announced` (a second Ctrl-C,
         a failure at the end) or was cut short mid-all-reduce."""
-        self.fetch_replica(next_iteration)
-        if not self.finished:  # (the step before a state is published before it: its lr)
+        self.outputs.fetch_state(next_iteration)
+        if not self.outputs.finished:  # (the step before a state is published before it: its lr)
             self.steps.read_through(next_iteration, self.reads_arrivals)
-        steps = self.replica[0] if self.replica is not None else next_iteration
-        return super().state(steps)
-
-    def fetch_replica(self, steps: int) -> None:
-        """The lowest replica's state after ``steps`` iterations (bounded wait); at the end,
-        whatever it published last."""
-        if self.finished or (self.replica is not None and self.replica[0] == steps):
-            return
-        if P.wait_key(self.c10d, P.replica_key(steps), self.cfg.timeout_s):
-            self.replica = (steps, self.c10d.get(P.replica_key(steps)))
-            self.c10d.delete_key(P.replica_key(steps))  # the store keeps no pile of states
+        replica = self.outputs.replica
+        return super().state(replica[0] if replica is not None else next_iteration)
 
     def parameter_state(self) -> dict:
-        if self.replica is None:
-            return {}
-        return {"replica": torch.frombuffer(bytearray(self.replica[1]), dtype=torch.uint8)}
+        return self.outputs.parameter_state()
 
     def load_parameter_state(self, state: dict) -> None:
         if "replica" not in state:
@@ -400,65 +293,23 @@ class Coordinator(SyncEngine):
     def finish(self, current: int) -> None:
         """Tell the replicas to stop after ``current``; collect the held-out losses, the final
         state, join lags and parameter digests they publish (bounded)."""
-        self.finished = True
+        self.outputs.finished = True
         self.stop_workers(current)
         try:
-            self.collect_final()
+            self.outputs.collect(self.announcer.generation >= 0, self.live, self.collect_evals)
         except RuntimeError:
             pass  # the store is gone: workers notice and exit on their own
 
-    def collect_final(self) -> None:
-        """What the replicas publish as they stop, within one bound: a replica that does not
-        stop is killed by the launcher after it, so its lateness costs the user one wait."""
-        deadline = time.monotonic() + min(self.cfg.timeout_s, 30.0)
-
-        def left() -> float:
-            return max(deadline - time.monotonic(), 0.01)
-
-        # (no generation was announced: stopped during start-up, no replica holds a state)
-        if self.generation >= 0 and self.wait_published(P.replica_key("final"), left):
-            blob = self.c10d.get(P.replica_key("final"))
-            self.replica = (int(P.decode_replica_state(blob)["steps"]), blob)
-        self.steps.collect_evals(self.next_iteration, self.reads_arrivals, min(1.0, left()))
-        for w in map(int, np.flatnonzero(self.live)):
-            if self.wait_published(P.digest_key(w), left):
-                self.digests[w] = self.c10d.get(P.digest_key(w)).decode()
-            if self.c10d.check([P.lag_key(w)]):
-                blob = self.c10d.get(P.lag_key(w)).decode()
-                self.lags_ms += [float(v) for v in blob.split(",") if v]
-
-    def wait_published(self, key: str, left) -> bool:
-        """Whether ``key`` appears before ``left()`` runs out, or every worker process is gone
-        (a Ctrl-C during start-up can end them before they publish anything)."""
-        while not P.wait_key(self.c10d, key, min(0.1, left())):
-            if left() <= 0.01 or not any(map(self.alive, range(self.cfg.workers))):
-                return self.c10d.check([key])
-        return True
+    def collect_evals(self, wait_s: float) -> None:
+        """The held-out losses still due, waiting up to ``wait_s`` in all."""
+        self.steps.collect_evals(self.next_iteration, self.reads_arrivals, wait_s)
 
     def final_loss(self) -> float | None:
-        if self.c10d.check([P.eval_key("final")]):
-            return float(self.c10d.get(P.eval_key("final")).decode())
-        return None
+        return self.outputs.final_loss()
 
     def trace_device(self, worker: int) -> str:
-        return self.device_of(worker)
-
-    def device_of(self, worker: int) -> str:
-        """The device ``worker`` reported (set before it counts as ready; read without waiting:
-        on a resumed run a worker dead at the checkpoint may count instead of a slow live one,
-        which reports by the time it computes). ``--device`` where it has not reported."""
-        if worker not in self.devices and self.c10d.check([P.device_key(worker)]):
-            self.devices[worker] = self.c10d.get(P.device_key(worker)).decode()
-        return self.devices.get(worker, self.cfg.device if self.cfg.device != "auto" else "cpu")
+        return self.outputs.device_of(worker)
 
     def extras(self) -> dict:
         """What the summary reports of the collective engine."""
-        lags = np.asarray(self.lags_ms) if self.lags_ms else np.zeros(1)
-        return {
-            **super().extras(),
-            "join_lag_ms_p50": float(np.percentile(lags, 50)),
-            "join_lag_ms_p99": float(np.percentile(lags, 99)),
-            "replicas_identical": len(set(self.digests.values())) <= 1,
-            "replica_digests": {str(k): v for k, v in self.digests.items()},
-            "device": ",".join(sorted(set(self.devices.values()))),  # "cpu,cuda": a mix
-        }
+        return {**super().extras(), **self.outputs.summary()}

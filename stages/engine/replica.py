@@ -26,14 +26,13 @@ import hashlib
 import time
 
 import torch
-import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import scaled_lr, sgd
-from bdsgd.stages.engine.replica_steps import StepPublisher, eval_rows, replica_group
+from bdsgd.stages.engine.replica_membership import Membership
+from bdsgd.stages.engine.replica_steps import StepPublisher, eval_rows
 from bdsgd.stages.engine.worker import (
     WorkerProcess,
     WorkerSpec,
-    check_member,
     worker_entry,
     workload_code,
 )
@@ -72,17 +71,16 @@ class Replica(WorkerProcess):
         self.live_arrivals = 1  # whether the coordinator reads this iteration's arrivals live
         self.known, self.known_through = (-1, 0, 1), -1  # an announcement, and through when
         self.noise = NoiseScale()
-        self.generation, self.group, self.members = -1, None, []
         self.steps = 0  # iterations applied
         self.noise_stats: tuple = ()  # the last step's (n, sum |g_i|^2, |mean|^2, samples)
         self.lr: float | None = None  # the learning rate the last step applied (None: no step)
         self.lags_ms: list[float] = []
         self.eval_part: tuple[int, float] | None = None  # (iteration, this slice's loss part)
         self.evaluated: tuple[int, float] | None = None  # the last all-reduce's held-out loss
-        self.star = self.c10d.get(P.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
+        star = self.c10d.get(P.ALLREDUCE_KEY) == b"star" and device.type == "cpu"
         self.checkpointed = self.c10d.get(P.STATES_KEY) == b"1"  # a run directory takes states
-        self.inbox: list[torch.Tensor] = []  # the star's root: one contribution per member
         self.steps_out = StepPublisher(self.c10d)  # the steps on their way to the coordinator
+        self.membership = Membership(self, self.backend, star)  # the generation and its group
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -96,7 +94,7 @@ class Replica(WorkerProcess):
             if announced is None:
                 break
             generation, limit, self.live_arrivals = announced
-            if generation > self.generation:
+            if generation > self.membership.generation:
                 t, ahead = self.join(generation), None
                 continue  # (re-)read the announcement of the iteration the generation resumes at
             t = self.iteration(t, limit, ahead)
@@ -129,7 +127,7 @@ class Replica(WorkerProcess):
     def iteration(self, t: int, limit: int, grad=None) -> int:
         """Compute (unless done ahead), take a ticket, all-reduce, step; returns the next
         iteration (the resume point of a new generation when the all-reduce failed)."""
-        workers = len(self.members)
+        workers = len(self.membership.members)
         self.online = limit == P.ONLINE
         limit = workers if self.online else limit
         self.cuttable = self.online or limit < workers
@@ -139,8 +137,8 @@ class Replica(WorkerProcess):
         ticket = self.admission(t, limit, workers, report) if grad.loss is not None else 0
         self.contribute(grad.samples if ticket or self.spec.cfg.salvage else 0, report, ticket)
         entered = time.time()
-        if not self.all_reduce():
-            return self.recover()
+        if not self.membership.all_reduce(self.comm):
+            return self.join(self.membership.recover())
         self.steps_out.survived()
         if not ticket:
             self.note_lag(t, entered)
@@ -183,25 +181,6 @@ class Replica(WorkerProcess):
                                        part, evaluators)  # fmt: skip
         self.comm_scalars.copy_(self.scalars_cpu)
 
-    def all_reduce(self) -> bool:
-        """The one collective of an iteration (gloo's ring all-reduce, NCCL's, or the star:
-        :func:`bdsgd.stages.engine.collective.allreduce_algorithm`); False if it failed (a member
-        died or hangs)."""
-        try:
-            (self.star_sum() if self.star else self.ring_sum())()
-            return True
-        except (RuntimeError, dist.DistError):
-            return False
-
-    def ring_sum(self):
-        """Start gloo's or NCCL's all-reduce; returns what waits for it."""
-        return self.group.allreduce([self.comm]).wait
-
-    def star_sum(self):
-        """The star (:func:`bdsgd.stages.engine.protocol.star_sum`), the lowest member at its root."""
-        rank = self.members.index(self.spec.worker_id)
-        return P.star_sum(self.group, rank, len(self.members), self.comm, self.inbox)
-
     def step(self) -> None:
         """torch's SGD with momentum on the mean of the admitted gradients (the model's
         gradients are views into the reduced buffer), the learning rate scaled to the admitted
@@ -217,8 +196,9 @@ class Replica(WorkerProcess):
         self.noise.update(stats[0], cfg.batch_size, *stats[1:3], mean_samples=stats[3])
         self.noise_stats = stats
         gradients = samples / cfg.batch_size
-        gain = self.noise.lr_factor(max(round(gradients), 1), len(self.members))
-        self.lr = scaled_lr(cfg, gradients, len(self.members), gain)
+        members = len(self.membership.members)
+        gain = self.noise.lr_factor(max(round(gradients), 1), members)
+        self.lr = scaled_lr(cfg, gradients, members, gain)
         for group in self.opt.param_groups:
             group["lr"] = self.lr
         self.opt.step()
@@ -227,68 +207,15 @@ class Replica(WorkerProcess):
     def take_evaluated(self, loss: float, evaluators: float) -> None:
         """The held-out loss the all-reduce summed, when every member added its slice's part."""
         due, self.eval_part = self.eval_part, None
-        whole = due is not None and round(evaluators) == len(self.members)
+        whole = due is not None and round(evaluators) == len(self.membership.members)
         self.evaluated = (due[0], loss) if whole else None
 
-    # -- generations --------------------------------------------------------------------------
+    # -- generations (:class:`Membership`) -----------------------------------------------------
     def join(self, generation: int) -> int:
-        """Build the group of ``generation`` (every generation after the first also takes the
-        state of the member that applied the most steps); returns the iteration it resumes at.
-        A replica the generation leaves out stops."""
-        self.steps_out.publish(self.lowest, every=True)  # (the last generation's: the lowest
-        # may have died before it published them)
-        blob = self.c10d.get(P.generation_key(generation)).decode()
-        members, resume = blob.split(";")
-        self.members = P.decode_members(members.encode())
-        check_member(self.spec, self.members)
+        """Join ``generation`` (:meth:`Membership.join`); returns the iteration it resumes at."""
         self.known_through = -1  # read the announcements again: a block may predate the group
         self.eval_part = None  # (of the last group: the coordinator goes without it)
-        if self.group is not None:
-            P.shutdown(self.group)
-        self.group = self.build_group(generation)
-        if self.star and self.lowest:
-            self.inbox = [torch.empty_like(self.comm) for _ in self.members[1:]]
-        if self.generation >= 0:
-            self.sync_state()
-        self.generation = generation
-        self.c10d.add(P.joined_key(generation), 1)  # (after its steps: the coordinator knows
-        return int(resume)  # that those it has not got by then never ran)
-
-    def build_group(self, generation: int):
-        """The generation's group. The replicas give up on a collective (half ``--timeout``)
-        before the coordinator gives up on a ticket, so their failure reports tell it which
-        member hangs."""
-        nccl = P.agreed_backend(self.c10d, self.backend) == "nccl"
-        rank, size = self.members.index(self.spec.worker_id), len(self.members)
-        return replica_group(self.c10d, generation, rank, size, nccl, self.spec.bind_host,
-                             self.spec.cfg.timeout_s / 2)  # fmt: skip
-
-    def sync_state(self) -> None:
-        """Everyone takes the parameters, momentum and step count of the member that applied
-        the most steps (the lowest such): a member that died inside an all-reduce may have
-        left its result with some survivors and not others, and those that applied it publish
-        its step, so that update is logged and must be kept."""
-        counts = torch.zeros(len(self.members), device=self.device)
-        counts[self.members.index(self.spec.worker_id)] = float(self.steps)
-        self.group.allreduce([counts]).wait()
-        source = source_rank(counts.tolist())
-        steps = torch.tensor([float(self.steps)], device=self.device)
-        for buf in (self.flat, self.momentum, steps):
-            self.group.broadcast(buf, source).wait()
-        self.steps = int(steps.item())
-
-    def recover(self) -> int:
-        """Report the failed all-reduce (after the steps applied before it, which every member
-        publishes: the lowest may be the one that died) and join the coordinator's next
-        generation."""
-        self.steps_out.publish(self.lowest, every=True)
-        self.c10d.append(P.fail_key(self.generation), f"{self.w},")
-        P.shutdown(self.group)
-        self.group = None
-        key = P.generation_key(self.generation + 1)
-        if not P.wait_key(self.c10d, key, 2 * self.spec.cfg.timeout_s):
-            raise TimeoutError(f"worker {self.w}: no new group after a failed all-reduce")
-        return self.join(self.generation + 1)
+        return self.membership.join(generation)
 
     # -- what the coordinator reads -----------------------------------------------------------
     def note_lag(self, t: int, entered: float) -> None:
@@ -298,18 +225,15 @@ class Replica(WorkerProcess):
         if cut is not None:
             self.lags_ms.append(max(entered - float(cut.decode()), 0.0) * 1e3)
 
-    @property
-    def lowest(self) -> bool:
-        return bool(self.members) and self.members[0] == self.spec.worker_id
-
     def publish(self, t: int) -> None:
         """The step (:class:`StepPublisher`) and, by the lowest replica when the run has a run
         directory, its state at each checkpoint the coordinator decided on (it takes and deletes
         the state; a run without one would pile them up in the store)."""
-        self.steps_out.add(t, self.step_parts(), self.lowest, bool(self.live_arrivals),
+        lowest = self.membership.lowest
+        self.steps_out.add(t, self.step_parts(), lowest, bool(self.live_arrivals),
                            block_end=t >= self.known_through)  # fmt: skip
         boundary = (t + 1) % self.spec.cfg.record_batch == 0
-        if self.lowest and self.checkpointed and boundary:
+        if lowest and self.checkpointed and boundary:
             if self.c10d.check([P.record_key(t + 1)]):
                 self.c10d.set(P.replica_key(t + 1), self.state_bytes())
 
@@ -329,17 +253,15 @@ class Replica(WorkerProcess):
             self.eval_part = None
 
     def finish(self) -> None:
-        self.steps_out.publish(self.lowest, every=True)
+        self.steps_out.publish(self.membership.lowest, every=True)
         self.c10d.set(P.lag_key(self.w), ",".join(f"{v:.4f}" for v in self.lags_ms))
         digest = hashlib.sha256(self.flat.cpu().numpy().tobytes()).hexdigest()
         self.c10d.set(P.digest_key(self.w), digest)
-        if self.members and self.lowest:
+        if self.membership.lowest:
             self.evaluate_due()
             self.c10d.set(P.eval_key("final"), repr(self.evaluate()))
             self.c10d.set(P.replica_key("final"), self.state_bytes())
-        if self.group is not None:  # (the run's last all-reduce has ended on every member)
-            P.shutdown(self.group, graceful=True)
-            self.group = None
+        self.membership.leave()
 
     def evaluate(self) -> float:
         return self.evaluate_rows(slice(None), 1.0)
@@ -348,7 +270,8 @@ class Replica(WorkerProcess):
         """This member's part of the held-out loss: the loss of its slice of the held-out batch
         (members split it in order) weighted by the slice's share, so the parts sum to the
         whole batch's loss for a loss that averages over samples (as the built-in workloads')."""
-        rank, size = self.members.index(self.spec.worker_id), len(self.members)
+        members = self.membership.members
+        rank, size = members.index(self.spec.worker_id), len(members)
         rows, share = eval_rows(len(self.workload.eval_batch[1]), rank, size)
         return self.evaluate_rows(rows, share) if share else 0.0
 
@@ -377,12 +300,6 @@ def bind_momentum(opt: torch.optim.SGD, flat: torch.Tensor) -> None:
     params = [p for group in opt.param_groups for p in group["params"]]
     for p, buf in zip(params, P.flat_views(flat, params), strict=True):
         opt.state[p]["momentum_buffer"] = buf
-
-
-def source_rank(steps: list[float]) -> int:
-    """The rank whose state a new generation takes: the lowest of those that applied the most
-    steps."""
-    return steps.index(max(steps))
 
 
 def replica_main(spec: WorkerSpec) -> None:

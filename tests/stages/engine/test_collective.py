@@ -23,7 +23,7 @@ from bdsgd.stages.engine.collective import (
 )
 from bdsgd.stages.engine.config import EngineConfig, scaled_lr
 from bdsgd.stages.engine.launch import run_engine
-from bdsgd.stages.engine.replica import Replica
+from bdsgd.stages.engine.replica_membership import Membership
 from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.engine.worker_report import SLOT
 from bdsgd.stages.errors import ConfigError
@@ -526,13 +526,12 @@ def _sync_state_member(rank: int, port: int, steps: list[int], q) -> None:
     store = P.open_store("127.0.0.1", port, False, 30.0)
     members = [10 + r for r in range(len(steps))]
     member = SimpleNamespace(
-        members=members, spec=SimpleNamespace(worker_id=10 + rank), steps=steps[rank],
-        device=torch.device("cpu"), group=P.build_group(store, 0, members, 10 + rank,
-                                                        "127.0.0.1", 30.0),
-        flat=torch.full((5,), float(rank)), momentum=torch.full((5,), -float(rank)),
+        members=members, spec=SimpleNamespace(worker_id=10 + rank), device=torch.device("cpu"),
+        group=P.build_group(store, 0, members, 10 + rank, "127.0.0.1", 30.0),
     )  # fmt: skip
-    Replica.sync_state(member)
-    q.put((rank, member.steps, member.flat.tolist(), member.momentum.tolist()))
+    flat, momentum = torch.full((5,), float(rank)), torch.full((5,), -float(rank))
+    taken = Membership.sync_state(member, flat, momentum, steps[rank])
+    q.put((rank, taken, flat.tolist(), momentum.tolist()))
 
 
 @pytest.mark.parametrize("steps", [[5, 6, 6], [7, 6, 7], [4, 4, 3]])

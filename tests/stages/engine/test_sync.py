@@ -76,7 +76,7 @@ def test_a_ticket_whose_holder_died_unnamed_is_skipped():
     assert [r.worker for r in reports] == [0, 2]
     assert engine.dead_at == {1: 0}
     assert engine.live.tolist() == [True, False, True, True]
-    assert engine.holes == 1
+    assert engine.admission.holes == 1
 
 
 class LosesFirstGradient(HandDriven):

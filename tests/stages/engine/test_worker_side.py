@@ -15,6 +15,7 @@ WORKER_SIDE = (
     "bdsgd.stages.engine.worker_report",
     "bdsgd.stages.engine.worker",
     "bdsgd.stages.engine.replica",
+    "bdsgd.stages.engine.replica_membership",
     "bdsgd.stages.engine.async_worker",
     "bdsgd.stages.loop.job",  # (--engine loop's ranks: the library's rank side)
 )
@@ -30,6 +31,11 @@ ENGINE_SIDE = (
     "bdsgd.stages.engine.sync",
     "bdsgd.stages.engine.ps",
     "bdsgd.stages.engine.collective",
+    "bdsgd.stages.engine.admission",
+    "bdsgd.stages.engine.progress",
+    "bdsgd.stages.engine.announcer",
+    "bdsgd.stages.engine.regroup",
+    "bdsgd.stages.engine.replica_outputs",
     "bdsgd.stages.engine.async_server",
     "bdsgd.stages.engine.launch",
     "bdsgd.stages.engine.janitor",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from bdsgd.stages.engine.admission import TicketAdmission
 from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.launch import run_engine
-from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
@@ -87,14 +87,14 @@ def late_admissions(monkeypatch) -> dict[int, int]:
     2-core machine tens). The simulator, which knows every run-time, takes such an arrival
     before the cut and may decide otherwise; the policies' states part there."""
     late: dict[int, int] = {}
-    close = SyncEngine.close
+    close = TicketAdmission.close
 
     def counted(self, t, reports, ticket):
         before = len(reports)
         close(self, t, reports, ticket)
         late[t] = len(reports) - before
 
-    monkeypatch.setattr(SyncEngine, "close", counted)
+    monkeypatch.setattr(TicketAdmission, "close", counted)
     return late
 
 
