@@ -102,8 +102,9 @@ engine = auto_choice(
     "(gloo or NCCL); ps: a parameter server process holds the model; loop: every rank runs the "
     "library's training loop (bdsgd.Cutoff: the workload's optimizer, scheduler, data, "
     "autocast and clipping; the coordinator is a thread beside rank 0, no rank of its own); "
-    "auto: collective for the cutoff policies, ps for the asynchronous ones (they run on ps "
-    "only).",
+    "auto: collective for the cutoff policies, loop for a workload that brings its own "
+    "optimizer, scheduler, data, autocast or clip norm (only the loop honours them), ps for "
+    "the asynchronous policies (they run on ps only).",
 )
 profile_engine = auto_choice(
     "--engine",

@@ -47,7 +47,7 @@ from bdsgd.stages.profile import check_micro_batches, engine_hosts
 from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
 from bdsgd.stages.safe_load import load_plain
 from bdsgd.stages.store import TraceStore, new_run_id
-from bdsgd.stages.workloads import BUILTIN
+from bdsgd.stages.workloads import BUILTIN, load_workload
 
 CONFIG_FILE = "config.json"
 
@@ -191,6 +191,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     """Run (or, with ``resume``, continue) a training run; returns the summary (None on a
     torchrun worker rank, which only works)."""
     tr = Torchrun.from_env()
+    cfg = resolve_engine(cfg)
     if cfg.engine == "loop":
         from bdsgd.stages.loop_runs import train_on_loop
 
@@ -206,6 +207,20 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
         return train_holding(cfg, resume, lock)
     finally:
         lock.release()
+
+
+ASYNC_KINDS = ("async", "k-async", "adasync")
+
+
+def resolve_engine(cfg: TrainConfig) -> TrainConfig:
+    """``--engine auto`` of a synchronous policy on a workload that brings its own optimizer,
+    scheduler, data, autocast or clip norm: the loop, the one engine that honours them (else
+    auto stays the collective engine, or ps for the asynchronous policies)."""
+    if cfg.engine != "auto" or cfg.policy.partition(":")[0] in ASYNC_KINDS:
+        return cfg
+    if not load_workload(cfg.workload, seed=cfg.seed).loop_only():
+        return cfg
+    return dataclasses.replace(cfg, engine="loop")
 
 
 def train_holding(cfg: TrainConfig, resume: bool, lock: RunDirLock) -> dict:

@@ -182,6 +182,21 @@ def test_the_job_carries_the_train_flags_to_the_library(tmp_path):
     assert job.loop.out == str(cfg.out) and job.iterations == 10
 
 
+@pytest.mark.parametrize(
+    ("values", "engine"),
+    [
+        ({"workload": ADAMW}, "loop"),  # only the loop honours its optimizer
+        ({"workload": ADAMW, "policy": "k-async:1"}, "auto"),  # (refused by ps: asynchronous)
+        ({}, "auto"),  # a built-in workload: the collective engine decides
+        ({"workload": ADAMW, "engine": "collective"}, "collective"),  # (which refuses it)
+    ],
+)
+def test_engine_auto_is_the_loop_for_a_workload_with_its_own_optimizer(tmp_path, values, engine):
+    from bdsgd.stages.train import resolve_engine
+
+    assert resolve_engine(config(tmp_path, **{"engine": "auto", **values})).engine == engine
+
+
 @pytest.mark.timeout(300)
 def test_a_workload_with_its_own_optimizer_is_refused_by_the_engines_that_ignore_it(tmp_path):
     rc, _, err = finish(start("train", "--engine", "collective", "--workers", "2", "--policy",
