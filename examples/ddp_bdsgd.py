@@ -58,6 +58,7 @@ def main() -> None:
     if rank == 0 and args.metrics:
         with open(args.metrics, "w") as fh:
             json.dump({"steps": metrics, "summary": summary}, fh)
+    dist.barrier()  # every rank done before any closes its connections
     dist.destroy_process_group()
 
 
