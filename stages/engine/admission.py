@@ -80,7 +80,7 @@ class TicketAdmission:
                 return
             if P.wait_key_until(self.c10d, P.arrival_key(t, k), grace):
                 report = self.take(t, k, reports)
-                self.driver.arrive(report.worker, report.runtime_s)
+                self.driver.arrive(report.worker, report.runtime_s, revise=False)  # (after the cut)
 
     def wait_arrival(self, t: int, ticket: int, deadline: float) -> bool | None:
         """Whether ``ticket``'s report is in (True), or the ticket is a hole to skip (False: its

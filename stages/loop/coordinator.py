@@ -144,8 +144,8 @@ class LoopCoordinator:
         admitted = self.c10d.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
         self.c10d.set(P.cut_key(t), str(admitted))
         reports = seen + self._reports(t, len(seen) + 1, admitted)
-        for rep in reports[len(seen) :]:
-            self.driver.arrive(rep.worker, rep.runtime_s)
+        for rep in reports[len(seen) :]:  # (after the cut: admitted, nothing left to revise)
+            self.driver.arrive(rep.worker, rep.runtime_s, revise=False)
         outcome = self.driver.end()
         self._observed(t, began, outcome, reports)
         # deleted long after, from the janitor's thread: nothing in this loop per rank
@@ -171,14 +171,10 @@ class LoopCoordinator:
         return min(self.c10d.add(P.ticket_key(t), 0), self.world)
 
     def _hand_over(self, seen: list[WorkerReport], reports: list[WorkerReport]) -> bool:
-        """Each report, in ticket order, to ``seen`` and the driver; whether the policy cut at
-        one of them (the later ones are admitted all the same: their tickets precede the
-        close)."""
-        cut = False
-        for rep in reports:
-            seen.append(rep)
-            cut = self.driver.arrive(rep.worker, rep.runtime_s) or cut
-        return cut
+        """The reports read together, in ticket order, to ``seen`` and the driver (one revision
+        of an online policy, at the last); whether the policy cuts there."""
+        seen.extend(reports)
+        return self.driver.arrive_all([(rep.worker, rep.runtime_s) for rep in reports])
 
     def _wait_s(self, began: float, left: float) -> float:
         """Until the driver's next tick (an online policy asked again while nothing arrives),

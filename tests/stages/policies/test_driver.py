@@ -80,6 +80,28 @@ def test_a_policy_that_waits_is_not_asked_again_once_the_last_worker_arrives():
     assert policy.asked == [0.1, 0.15, 0.2, 0.3]  # ticks before 0.5; the last arrival ends it
 
 
+def test_arrivals_read_together_are_admitted_and_revised_once_at_the_last():
+    """A batch of three: all admitted, the policy asked once (at the latest run-time in); an
+    arrival after the cut is admitted without asking it."""
+    policy = Patient(give_up_s=0.0)  # cuts at whatever has arrived when asked
+    driver = IterationDriver(policy, 5)
+    driver.begin(np.ones(5, dtype=bool))
+    assert driver.arrive_all([(3, 0.1), (0, 0.3), (4, 0.2)])
+    assert policy.asked == [0.3] and driver.order == [3, 0, 4] and driver.target == 3
+    driver.arrive(1, 0.4, revise=False)  # its ticket raced the close
+    out = driver.end()
+    assert policy.asked == [0.3] and out.order == (3, 0, 4, 1)
+    assert out.censored.tolist() == [False, False, True, False, False]
+
+
+def test_a_batch_that_the_revision_waits_past_does_not_end_the_iteration():
+    policy = Patient(give_up_s=1.0)  # waits for every worker until 1 s
+    driver = IterationDriver(policy, 4)
+    driver.begin(np.ones(4, dtype=bool))
+    assert not driver.arrive_all([(0, 0.1), (1, 0.2)])
+    assert policy.asked == [0.2] and driver.next_tick == pytest.approx(0.25)
+
+
 def late_admissions(monkeypatch) -> dict[int, int]:
     """Per iteration, how many workers the engine admitted as it closed the iteration, after
     the policy had ended it: each finished before the cut but took its ticket after the engine
