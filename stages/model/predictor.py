@@ -316,7 +316,8 @@ class Arrivals:
 SQRT_HALF = np.float32(math.sqrt(0.5))
 LOG_HALF = np.float32(math.log(0.5))
 FAR_Z = -10.0  # log_ndtr32: below, float64 (erfc in float32 nears its smallest numbers)
-FAR_LOG_P = math.log(1e-3)  # ndtri_exp32: below, float64 (2p - 1 in float32 loses p)
+FAR_LOG_P = (math.log(1e-3), math.log1p(-1e-3))  # ndtri_exp32: float64 outside (2p - 1 near -1 or 1
+# in float32 loses p)
 
 
 def log_ndtr32(z: np.ndarray) -> np.ndarray:
@@ -331,11 +332,11 @@ def log_ndtr32(z: np.ndarray) -> np.ndarray:
 
 def ndtri_exp32(log_p: np.ndarray) -> np.ndarray:
     """Phi^-1(exp(log_p)) of float32 ``log_p``, in float32: sqrt 2 erfinv(2 p - 1) by torch's
-    vectorised erfinv (a fifth of scipy's ndtri_exp; within 1e-5 for p >= 1e-3), scipy's
-    float64 ndtri_exp where p < 1e-3."""
+    vectorised erfinv (a fifth of scipy's ndtri_exp; within 1e-5 for 1e-3 <= p <= 1 - 1e-3),
+    scipy's float64 ndtri_exp outside."""
     p = torch.from_numpy(np.exp(log_p))
     out = torch.erfinv(p.mul_(2.0).sub_(1.0)).mul_(math.sqrt(2.0)).numpy()
-    far = log_p < FAR_LOG_P
+    far = (log_p < FAR_LOG_P[0]) | (log_p > FAR_LOG_P[1])
     if far.any():
         out[far] = ndtri_exp(log_p[far].astype(np.float64))
     return out
