@@ -149,23 +149,25 @@ class RuntimePredictor:
         spread of x_(c) scales with it. :meth:`remaining` conditions the unstretched draws."""
         loc, scale = self._next_y_params(num_samples)
         self._drawn, self._arrivals = (loc, scale), None
-        y = self.model.emitter.sample(loc, scale, self.params, self.base, self.host_index, self.gen)
+        emitter, hosts = self.model.emitter, self.host_index
+        y = emitter.sample(loc, scale, self.params, self.base, hosts, self.gen, self.rng)
         factor = self.common[3] * (self.online.factor if self.online is not None else 1.0)
-        if factor != 1.0:
+        norm, offset = self.norm, self.norm.loc
+        if factor != 1.0:  # each draw's shift, (S, 1), folded into the normaliser's offset
             level = y.mean(dim=1, keepdim=True)  # a median over N costs ~1 ms at N = 1024
-            y = y + (factor - 1.0) * (level - level.median())
-        x = y.mul_(self.norm.scale).add_(self.norm.loc).exp_()
+            offset = (level - level.median()).mul_((factor - 1.0) * norm.scale).add_(norm.loc)
+        x = y.mul_(norm.scale).add_(offset).exp_()
         if self.online is not None:
             self.online.drawn(x.numpy())
         return x
 
     def worker_constants(self) -> dict[str, np.ndarray]:
-        """The per-worker emission constants :class:`Arrivals` uses, as float64 numpy arrays,
+        """The per-worker emission constants :class:`Arrivals` uses, as float32 numpy arrays,
         converted once for the predictor's worker set."""
         if self._constants is None:
             p, hosts = self.params, self.host_index
             self._constants = {
-                **{k: getattr(p, k).detach().double().numpy() for k in CONSTANTS},
+                **{k: getattr(p, k).detach().float().numpy() for k in CONSTANTS},
                 "groups": hosts.groups.numpy(),
             }
         return self._constants
@@ -188,7 +190,8 @@ class RuntimePredictor:
         y = (np.log(np.maximum(x, 1e-12)) - norm.loc) / norm.scale
         y_now = (math.log(max(now_s, 1e-12)) - norm.loc) / norm.scale
         draws = self._arrivals.sample(y, np.asarray(arrived), np.asarray(waiting), y_now)
-        return np.exp(draws * norm.scale + norm.loc)
+        # above the present by construction, but for float32's rounding far out in the tail
+        return np.maximum(np.exp(draws * norm.scale + norm.loc, dtype=np.float64), now_s)
 
     @torch.inference_mode()
     def log_predictive(self, runtimes, censored, num_samples: int = 256) -> tuple[float, int]:
@@ -221,8 +224,9 @@ class Arrivals:
     a slow spell of the whole host likely; its workers still out are then predicted slow) and each
     waiting worker's posterior mixture component; each of S samples picks a draw by weight, the
     hosts' jumps and the components from those posteriors, and the waiting workers' y from the
-    chosen normal truncated below at the present moment. Numpy on float64: one call costs about
-    half a millisecond at N = 32 and S = 256 (``benchmarks/bench_predictor.py``).
+    chosen normal truncated below at the present moment. Numpy on float32, the normal's log
+    survival and quantiles by torch's vectorised erfc and erfinv (:func:`log_ndtr32`,
+    :func:`ndtri_exp32`); the per-host sums of the arrived workers are kept in float64.
     """
 
     PARTICLES = 32
@@ -231,8 +235,8 @@ class Arrivals:
     def __init__(self, pred: RuntimePredictor, loc: torch.Tensor, scale: torch.Tensor):
         self.num_samples = loc.shape[0]
         particles = min(self.PARTICLES, max(16, 8192 // max(loc.shape[-1], 1)))
-        self.loc = loc[:particles].double().numpy()
-        self.scale = scale[:particles].double().numpy()
+        self.loc = loc[:particles].float().numpy()
+        self.scale = scale[:particles].float().numpy()
         for name, value in pred.worker_constants().items():  # the same every iteration
             setattr(self, name, value)
         logit = pred.base.jump_logit[pred.host_index.first].double().numpy()
@@ -281,30 +285,61 @@ class Arrivals:
         w = w[by_host]  # the waiting workers grouped by host; undone at the end
         hosts, starts, inverse = np.unique(self.groups[w], return_index=True, return_inverse=True)
         means, sds, logw = self.components(w)
-        log_surv = log_ndtr((means - y_now) / sds)
+        log_surv = log_ndtr32((means - np.float32(y_now)) / sds)
         weighted = log_surv + logw
         out = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])  # log P(still out | p, j)
         per_host = self.arrived_terms(y, arrived).copy()  # (P, 2, G)
         per_host[:, :, hosts] += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
         calm, jump = per_host[:, 0] + self.log_calm, per_host[:, 1] + self.log_jump
-        joint = np.logaddexp(calm, jump).sum(-1)
-        weight = np.cumsum(np.exp(joint - joint.max()))
-        pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
-        pick = np.minimum(pick, weight.size - 1)
+        pick = self.pick_draws(np.logaddexp(calm, jump).sum(-1))
         p_jump = 1.0 / (1.0 + np.exp(calm[:, hosts] - jump[:, hosts]))  # (P, hosts waited on)
         jumped = self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host
-        # flat indices into the (P, n, 4) arrays of each sample's draw, worker and component
-        # (one take each: three-array fancy indexing costs 5x more at S x n = 64 x 256)
-        idx = (pick[:, None] * w.size + np.arange(w.size)) * 4 + 2 * jumped[:, inverse]
-        flat = weighted.reshape(-1)  # the host mates of a sample share its jump (above)
-        bulk, tail = flat.take(idx), flat.take(idx + 1)
-        idx += self.rng.random(idx.shape) * (1.0 + np.exp(bulk - tail)) < 1.0
+        # flat indices into the (P, n, 2) arrays of each sample's draw, worker and jump (the
+        # host mates of a sample share its jump), then into the (P, n, 4) ones of its component
+        cell = (pick[:, None] * w.size + np.arange(w.size)) * 2 + jumped[:, inverse]
+        tail_share = np.exp(weighted[..., 1::2] - out).reshape(-1)
+        idx = 2 * cell + (self.rng.random(cell.shape, dtype=np.float32) < tail_share.take(cell))
         mean, sd = means.reshape(-1).take(idx), sds.reshape(-1).take(idx)
         # y > y_now drawn by inverting P(y > v) = U P(y > y_now), in logs (no underflow far out)
-        log_above = np.log(self.rng.random(idx.shape)) + log_surv.reshape(-1).take(idx)
+        u = np.log1p(-self.rng.random(idx.shape, dtype=np.float32))  # log U, U in (0, 1]
         draws = np.empty_like(mean)
-        draws[:, by_host] = mean - sd * ndtri_exp(log_above)
+        draws[:, by_host] = mean - sd * ndtri_exp32(u + log_surv.reshape(-1).take(idx))
         return draws
+
+    def pick_draws(self, joint: np.ndarray) -> np.ndarray:
+        """(S,) draws of z picked in proportion to exp(``joint``), their (P,) log weights."""
+        weight = np.cumsum(np.exp(joint - joint.max()))
+        pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
+        return np.minimum(pick, weight.size - 1)
+
+
+SQRT_HALF = np.float32(math.sqrt(0.5))
+LOG_HALF = np.float32(math.log(0.5))
+FAR_Z = -10.0  # log_ndtr32: below, float64 (erfc in float32 nears its smallest numbers)
+FAR_LOG_P = (math.log(1e-3), math.log1p(-1e-3))  # ndtri_exp32: float64 outside (2p - 1 near -1 or 1
+# in float32 loses p)
+
+
+def log_ndtr32(z: np.ndarray) -> np.ndarray:
+    """log Phi(z) of float32 ``z``, in float32: log(erfc(-z / sqrt 2) / 2) by torch's vectorised
+    erfc (a tenth of scipy's float64 log_ndtr; within 1e-5), scipy's where z < ``FAR_Z``."""
+    out = torch.special.erfc(torch.from_numpy(z * -SQRT_HALF)).log_().add_(LOG_HALF).numpy()
+    far = z < FAR_Z
+    if far.any():
+        out[far] = log_ndtr(z[far].astype(np.float64))
+    return out
+
+
+def ndtri_exp32(log_p: np.ndarray) -> np.ndarray:
+    """Phi^-1(exp(log_p)) of float32 ``log_p``, in float32: sqrt 2 erfinv(2 p - 1) by torch's
+    vectorised erfinv (a fifth of scipy's ndtri_exp; within 1e-5 for 1e-3 <= p <= 1 - 1e-3),
+    scipy's float64 ndtri_exp outside."""
+    p = torch.from_numpy(np.exp(log_p))
+    out = torch.erfinv(p.mul_(2.0).sub_(1.0)).mul_(math.sqrt(2.0)).numpy()
+    far = (log_p < FAR_LOG_P[0]) | (log_p > FAR_LOG_P[1])
+    if far.any():
+        out[far] = ndtri_exp(log_p[far].astype(np.float64))
+    return out
 
 
 def load_predictor(

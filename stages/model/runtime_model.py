@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pyro
 import torch
 from bdsgd.stages.model.data import NUM_FEATURES, RunTensors
@@ -221,16 +222,32 @@ class EmissionBase:
 @dataclass(frozen=True)
 class HostIndex:
     """Which workers share a host: ``groups`` (N,) host of each worker, ``member`` (N, G) one-hot,
-    ``first`` (G,) one worker of each host (where a per-host value repeated per worker is read)."""
+    ``first`` (G,) one worker of each host (where a per-host value repeated per worker is read),
+    ``by_host`` (N,) the workers ordered by host, host g's from ``starts[g]``, ``sizes[g]`` of
+    them."""
 
     groups: torch.Tensor
     member: torch.Tensor
     first: torch.Tensor
+    by_host: torch.Tensor
+    starts: torch.Tensor
+    sizes: torch.Tensor
 
     @staticmethod
     def of(groups: torch.Tensor) -> HostIndex:
         member = F.one_hot(groups, int(groups.max()) + 1 if groups.numel() else 0).float()
-        return HostIndex(groups, member, member.argmax(0))
+        sizes = member.sum(0).long()
+        starts = sizes.cumsum(0) - sizes
+        by_host = torch.argsort(groups, stable=True)
+        return HostIndex(groups, member, member.argmax(0), by_host, starts, sizes)
+
+    def workers_of(self, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(k,) hosts -> the workers on them, and for each the position in ``hosts`` of its
+        host (numpy)."""
+        sizes = self.sizes.numpy()[hosts]
+        which = np.repeat(np.arange(hosts.size), sizes)
+        offset = np.arange(which.size) - (np.cumsum(sizes) - sizes)[which]
+        return self.by_host.numpy()[self.starts.numpy()[hosts][which] + offset], which
 
 
 class Emitter(nn.Module):
@@ -291,16 +308,66 @@ class Emitter(nn.Module):
         return mixed.sum(-1)
 
     @staticmethod
-    def sample(loc, scale, params: WorkerParams, base: EmissionBase, hosts: HostIndex, gen=None):
-        """Draws of y with the shapes of ``loc``: each host jumps with its probability, each
-        worker takes the tail component with probability pi."""
-        host_u = torch.rand((*loc.shape[:-1], hosts.first.numel()), generator=gen)
-        jumps = (host_u < torch.sigmoid(base.jump_logit[..., hosts.first]))[..., hosts.groups]
-        is_tail = torch.rand(loc.shape, generator=gen).log_() < params.log_pi
-        noise = torch.randn(loc.shape, generator=gen)
-        widen = torch.where(is_tail, params.widen, 1.0)
-        shift = is_tail * params.shift + jumps * params.jump
-        return loc + shift + noise.mul_(scale).mul_(widen)
+    @torch.no_grad()
+    def sample(
+        loc, scale, params: WorkerParams, base: EmissionBase, hosts: HostIndex, gen=None, rng=None
+    ):
+        """(S, N) draws of y, ``loc`` and ``scale`` (S, N), ``base`` of one iteration (N,): each
+        host jumps with its probability, each worker takes the tail component with probability
+        pi. Both are rare, so every entry is first drawn from the bulk (``gen``), and the tails
+        and the jumps are drawn (numpy ``rng``, default: seeded from ``gen``) and applied only
+        where they occur (:func:`rare_cells`): a tail entry becomes loc + d + k (y - loc), a
+        jumped host's workers move by J."""
+        y = torch.randn(loc.shape, generator=gen).mul_(scale).add_(loc)
+        if rng is None:
+            rng = np.random.default_rng(int(torch.randint(2**62, (), generator=gen)))
+        n = y.shape[1]  # one grid for both: columns < n are the workers' tails, then the hosts
+        p = torch.cat([params.log_pi.exp(), torch.sigmoid(base.jump_logit[hosts.first])])
+        rows, cols = rare_cells(y.shape[0], _np(p), rng)
+        out, tail = y.numpy(), cols < n
+        at = rows[tail], cols[tail]
+        widen = _np(params.widen)[at[1]]
+        out[at] = out[at] * widen + _np(params.shift)[at[1]] - _np(loc)[at] * (widen - 1)
+        workers, pair = hosts.workers_of(cols[~tail] - n)
+        out[rows[~tail][pair], workers] += _np(params.jump)[workers]
+        return y
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+DENSE_ABOVE = 0.2  # rare_cells: above this probability one uniform per cell is cheaper
+
+
+def rare_cells(rows: int, p: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) indices of the cells of a (rows, M) grid that come up in independent
+    Bernoulli(p[column]) trials, row-major. The cost follows the cells that come up, not the
+    grid: a Bernoulli(max p) process over the flattened grid (:func:`bernoulli_process`), each
+    of whose cells is kept with probability p[column] / max p (thinning). Exact, for any p."""
+    cells, top = rows * p.size, float(p.max()) if p.size else 0.0
+    if cells == 0 or top <= 0.0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if top > DENSE_ABOVE:
+        return np.nonzero(rng.random((rows, p.size)) < p)
+    flat = bernoulli_process(cells, top, rng)
+    cols = flat % p.size
+    keep = rng.random(flat.size) * top < p[cols]
+    return flat[keep] // p.size, cols[keep]
+
+
+def bernoulli_process(cells: int, p: float, rng: np.random.Generator) -> np.ndarray:
+    """The positions in 0..cells-1 where a Bernoulli(p) process comes up, in order, drawn by the
+    geometric gaps between them (failures before a success: floor(log U / log(1 - p)))."""
+    found, last = [], -1.0  # the positions drawn so far; the last one
+    while last < cells:
+        expected = (cells - last) * p
+        u = rng.random(int(expected + 4 * expected**0.5 + 16))
+        at = last + np.cumsum(np.floor(np.log1p(-u) / math.log1p(-p)) + 1.0)
+        found.append(at)
+        last = float(at[-1])
+    at = np.concatenate(found) if len(found) > 1 else found[0]
+    return at[at < cells].astype(np.int64)
 
 
 def censored_normal_log_lik(

@@ -8,8 +8,9 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
 from bdsgd.stages.model.data import Normaliser
-from bdsgd.stages.model.predictor import load_predictor
+from bdsgd.stages.model.predictor import load_predictor, log_ndtr32, ndtri_exp32
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
+from scipy.special import log_ndtr, ndtri_exp
 
 
 @pytest.fixture
@@ -205,3 +206,13 @@ def test_before_its_first_iteration_a_run_level_is_drawn_with_the_fitted_levels_
     wide, wide_after = level_spread(2.0)
     assert wide > tight + 0.4 and np.isclose(wide**2 - tight**2, (2.0 * 0.3) ** 2, rtol=0.3)
     assert abs(wide_after - tight_after) < 0.05  # anchored: the level is known
+
+
+def test_the_float32_normal_tails_agree_with_scipys_float64():
+    z = np.linspace(-40.0, 8.0, 20_001).astype(np.float32)
+    want = log_ndtr(z.astype(np.float64))
+    np.testing.assert_allclose(log_ndtr32(z), want, rtol=1e-5, atol=2e-5)
+    log_p = np.concatenate([np.linspace(-700.0, -1.0, 10_001), -np.logspace(0, -7, 10_001)])
+    log_p = log_p.astype(np.float32)
+    want = ndtri_exp(log_p.astype(np.float64))
+    np.testing.assert_allclose(ndtri_exp32(log_p), want, rtol=1e-5, atol=2e-5)

@@ -19,6 +19,7 @@ from bdsgd.stages.model.runtime_model import (
     ModelConfig,
     RuntimeModel,
     censored_normal_log_lik,
+    rare_cells,
 )
 from bdsgd.stages.store import RunMatrix
 from pyro import poutine
@@ -208,3 +209,54 @@ def test_a_host_jump_moves_every_worker_of_that_host_together():
     loc, scale = torch.zeros(64, 4), torch.full((64, 4), 1e-6)
     y = model.emitter.sample(loc, scale, never_tail, base, hosts, torch.Generator().manual_seed(0))
     torch.testing.assert_close(y, torch.where(groups == 0, params.jump, 0.0).expand(64, 4))
+
+
+@pytest.mark.parametrize("top", [0.01, 0.15, 0.5])
+def test_rare_cells_come_up_with_each_columns_probability(top):
+    p = np.array([top, top / 2, top / 10, 0.0])
+    rows, cols = rare_cells(20_000, p, np.random.default_rng(1))
+    counts = np.bincount(cols, minlength=4)
+    expected = 20_000 * p
+    assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected * (1 - p)) + 1)
+    assert counts[3] == 0
+    assert rows.min() >= 0 and rows.max() < 20_000
+    cells = rows * 4 + cols
+    assert np.all(cells[1:] > cells[:-1])  # distinct, row-major
+
+
+def test_rare_cells_of_nothing_likely_are_none():
+    rows, cols = rare_cells(64, np.zeros(8), np.random.default_rng(0))
+    assert rows.size == cols.size == 0
+
+
+@torch.no_grad()
+def _dense_emission_sample(loc, scale, params, base, hosts, gen):
+    """The emission's draw with one uniform per entry and per host (what Emitter.sample
+    draws sparsely): the reference its distribution is checked against."""
+    host_u = torch.rand((loc.shape[0], hosts.first.numel()), generator=gen)
+    jumps = (host_u < torch.sigmoid(base.jump_logit[hosts.first]))[:, hosts.groups]
+    is_tail = torch.rand(loc.shape, generator=gen).log_() < params.log_pi
+    noise = torch.randn(loc.shape, generator=gen)
+    widen = torch.where(is_tail, params.widen, 1.0)
+    return loc + is_tail * params.shift + jumps * params.jump + noise * scale * widen
+
+
+def test_emission_draws_match_a_draw_of_every_entry_by_moments_and_quantiles():
+    groups = torch.tensor([0, 1, 0, 1])
+    model, params, hosts, base = _emission_parts(groups)
+    # frequent tails and jumps, so that 200,000 draws per worker pin their shares down
+    params = dataclasses.replace(params, log_pi=torch.tensor([-1.5, -2.5, -4.0, -2.0]))
+    base = dataclasses.replace(base, jump_logit=torch.tensor([-2.0, -3.0, -2.0, -3.0]))
+    loc = torch.tensor([0.0, 0.5, -0.5, 1.0]).expand(200_000, 4).contiguous()
+    scale = torch.tensor([0.3, 0.5, 0.2, 0.4]).expand(200_000, 4).contiguous()
+    got = model.emitter.sample(loc, scale, params, base, hosts, torch.Generator().manual_seed(0))
+    ref = _dense_emission_sample(loc, scale, params, base, hosts, torch.Generator().manual_seed(1))
+    q = torch.tensor([0.01, 0.1, 0.5, 0.9, 0.99, 0.999])
+    torch.testing.assert_close(got.mean(0), ref.mean(0), atol=0.01, rtol=0)
+    torch.testing.assert_close(got.std(0), ref.std(0), atol=0.01, rtol=0)
+    share = (got < ref.quantile(q, dim=0)[:, None]).double().mean(1)  # (q, workers)
+    sd = (q * (1 - q) / 200_000).sqrt().double()[:, None]
+    assert torch.all((share - q.double()[:, None]).abs() < 5 * 2**0.5 * sd)
+    # host mates move together: their correlation is the jumps'
+    corr = lambda y: torch.corrcoef(y[:, [0, 2]].T)[0, 1]  # noqa: E731
+    assert abs(float(corr(got) - corr(ref))) < 0.01
