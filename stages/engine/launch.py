@@ -37,6 +37,7 @@ from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.store import TraceStore, TraceWriter
 from bdsgd.stages.workloads import load_workload
 
+KILLED_EXIT_S = 30.0  # how long a SIGKILLed worker may take to exit (seconds on a loaded machine)
 MAX_PENDING_ROWS = 1 << 15  # trace rows the writer holds before it writes a file unasked
 
 VARIANTS = {
@@ -234,10 +235,12 @@ def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
     deadline = time.monotonic() + grace_s
     for proc in procs:
         proc.join(max(deadline - time.monotonic(), 0.1))
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(2.0)
+    killed = [proc for proc in procs if proc.is_alive()]
+    for proc in killed:
+        proc.kill()
+    deadline = time.monotonic() + KILLED_EXIT_S
+    for proc in killed:  # a killed process still unmaps its memory: the command outlives it
+        proc.join(max(deadline - time.monotonic(), 0.1))
 
 
 def _stop_ignored(on_iteration):
