@@ -6,16 +6,14 @@ import contextlib
 import functools
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import click
 from bdsgd.stages.errors import BdsgdError
-from bdsgd.stages.stop import STOP_REQUESTED
+from bdsgd.stages.signals import SigtermAsInterrupt
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -23,14 +21,15 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM end
 
 
 def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a command body: a :class:`BdsgdError`, an OSError (a full disk) or Ctrl-C becomes
-    one line on stderr and a non-zero exit, never a traceback."""
+    """Wrap a command body: a :class:`BdsgdError`, an OSError (a full disk), Ctrl-C or SIGTERM
+    (which stops it as Ctrl-C does: :class:`SigtermAsInterrupt`) becomes one line on stderr and
+    a non-zero exit, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        terminated: list[bool] = []
+        sigterm = SigtermAsInterrupt()
         try:
-            with sigterm_as_ctrl_c(terminated):
+            with sigterm:
                 return fn(*args, **kwargs)
         except BdsgdError as exc:
             fail(f"error: {exc}")
@@ -38,9 +37,9 @@ def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"error: {where}{exc.strerror or exc}")
         except KeyboardInterrupt:
-            why = "terminated (SIGTERM)" if terminated else "interrupted"
+            why = "terminated (SIGTERM)" if sigterm.came else "interrupted"
             click.echo(f"error: {why}; everything written so far is kept", err=True)
-            sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+            sys.exit(EXIT_TERMINATED if sigterm.came else EXIT_INTERRUPTED)
 
     return wrapper
 
@@ -55,32 +54,6 @@ def fail(line: str) -> None:
             with open(error_file, "w") as fh:
                 json.dump({"message": line, "timestamp": str(int(time.time()))}, fh)
     sys.exit(EXIT_ERROR)
-
-
-@contextlib.contextmanager
-def sigterm_as_ctrl_c(terminated: list[bool]):
-    """SIGTERM (``kill``, a batch scheduler's preemption, ``docker stop``) stops a command as
-    Ctrl-C does: it is turned into a SIGINT to this process, so a run ends after the iteration
-    under way, with its traces, iteration log and checkpoint in agreement. ``terminated`` gets a
-    True when it came. Where SIGINT is ignored (a background job of a shell script) the SIGTERM
-    still stops it: raised at once outside a block that defers Ctrl-C, at the block's end inside
-    one. (The spawned workers ignore both: the engine tells them to stop.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def relay(signum, frame) -> None:
-        terminated.append(True)
-        STOP_REQUESTED[0] = True
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            raise KeyboardInterrupt  # (no block defers it: a deferring block holds SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    previous = signal.signal(signal.SIGTERM, relay)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def emit_json(payload: dict) -> None:

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.base import Engine, ServerModel, interrupts_deferred
+from bdsgd.stages.engine.base import Engine, ServerModel
 from bdsgd.stages.engine.config import scaled_lr
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.policies.async_driver import AsyncDriver
+from bdsgd.stages.signals import hold_interrupts
 from torch.nn.utils import parameters_to_vector
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after
@@ -137,7 +138,7 @@ class AsyncServer(Engine):
             self.hole = (ticket, time.monotonic())
         return time.monotonic() - self.hole[1] > HOLE_GRACE_S
 
-    @interrupts_deferred()
+    @hold_interrupts()
     def restart(self, workers) -> None:
         """Send the current parameters to ``workers``: each begins its next computation. The
         sends and the record that they were made land together under Ctrl-C, so the end drains

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import signal
+import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +28,7 @@ from bdsgd.stages.engine.janitor import KeyJanitor
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.policies.base import Policy
-from bdsgd.stages.stop import STOP_REQUESTED
+from bdsgd.stages.signals import current_hold, hold_interrupts
 from bdsgd.stages.store import TraceWriter
 from bdsgd.stages.workloads import Workload
 
@@ -37,8 +37,6 @@ READABLE_STATE_VERSIONS = (2, 3)  # 2 holds the whole log: it resumes as it is
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 
 
-_deferring = [0]  # how many interrupts_deferred blocks the main thread is inside
-_held_since: list[float | None] = [None]  # when the Ctrl-C the main thread holds came
 NOTICE_AFTER_S = 1.0  # a Ctrl-C held this long is acknowledged on the console
 HELD_NOTICE = (
     "Ctrl-C: stopping once the iteration under way is recorded whole; a slow or hung worker "
@@ -46,69 +44,24 @@ HELD_NOTICE = (
 )
 
 
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C during the block is raised when it ends, so what the block writes together (an
-    iteration's trace rows and its metrics row) lands together or not at all. A Ctrl-C held
-    longer than ``NOTICE_AFTER_S`` (the block waits for a slow worker) is acknowledged on the
-    console (:func:`watch_held`), so the user knows it was heard. A block inside another changes
-    nothing (the outer one holds the Ctrl-C until it ends), so nesting costs no handler swap.
-    Outside the main thread (where Python delivers signals) nothing changes; where SIGINT is
-    ignored it stays ignored. Usable as a decorator too."""
-    if _deferring[0] or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    watch_held()
-    _held_since[0] = None  # (one a Ctrl-C left while the last block handed it on)
-    caught: list[int] = []
-
-    def hold(signum, frame) -> None:  # no locks, no threads: a handler may interrupt anything
-        if not caught:
-            _held_since[0] = time.monotonic()
-        caught.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    _deferring[0] += 1
-    try:
-        yield
-    finally:
-        _deferring[0] -= 1
-        _held_since[0] = None
-        signal.signal(
-            signal.SIGINT, previous if previous is not None else signal.default_int_handler
-        )
-    # the block ended normally (an error it raised goes on as it is, not as a Ctrl-C)
-    if caught and callable(previous):  # the handler before it (Python's raises KeyboardInterrupt)
-        previous(signal.SIGINT, None)
-    elif caught and (previous is not signal.SIG_IGN or STOP_REQUESTED[0]):
-        raise KeyboardInterrupt  # (Ctrl-C, or a SIGTERM where SIGINT is ignored)
-
-
-def interrupt_held() -> bool:
-    """Whether a Ctrl-C is being held (it ends the run once the block holding it ends)."""
-    return bool(_deferring[0]) and _held_since[0] is not None
-
-
-_watcher: list[threading.Thread] = []
-
-
+@functools.cache
 def watch_held() -> None:
     """Start (once per process) the thread that prints :data:`HELD_NOTICE` when a Ctrl-C has
-    been held for ``NOTICE_AFTER_S``: it looks four times a second, and once per Ctrl-C."""
-    if _watcher:
-        return
+    been held (:func:`bdsgd.stages.signals.hold_interrupts`) for ``NOTICE_AFTER_S``, so the user
+    knows it was heard while a block waits for a slow worker: it looks four times a second, and
+    once per block's Ctrl-C."""
 
     def watch() -> None:
         noticed = None
         while True:
             time.sleep(0.25)
-            since = _held_since[0] if _deferring[0] else None
+            hold = current_hold()
+            since = None if hold is None else hold.since
             if since is not None and since != noticed and time.monotonic() - since > NOTICE_AFTER_S:
                 noticed = since
                 console.print(f"[yellow]{HELD_NOTICE}[/]")
 
-    _watcher.append(threading.Thread(target=watch, daemon=True, name="bdsgd-ctrl-c-notice"))
-    _watcher[0].start()
+    threading.Thread(target=watch, daemon=True, name="bdsgd-ctrl-c-notice").start()
 
 
 @dataclass
@@ -166,6 +119,7 @@ class Engine(abc.ABC):
         self.t0 = time.perf_counter()
         self.janitor = KeyJanitor(c10d)  # deletes the control store's keys of iterations long past
         self.recorded_at = time.monotonic()  # when the rows and checkpoint were last written
+        watch_held()  # (a Ctrl-C held by the run's blocks is acknowledged on the console)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start: int, on_iteration: Callable[[int, dict], None]) -> None:
@@ -192,7 +146,7 @@ class Engine(abc.ABC):
         an update before it records it, so an update ended between the two would be in the
         parameters (and the checkpoint) but not in the log, and a resumed run would apply it
         again; the waits inside are bounded. After a stop, Ctrl-C acts at once."""
-        return contextlib.nullcontext() if self.stopping else interrupts_deferred()
+        return contextlib.nullcontext() if self.stopping else hold_interrupts()
 
     def run_announced(self, on_iteration: Callable[[int, dict], None]) -> None:  # noqa: B027
         """After a stop (Ctrl-C, a stop rule): run what the workers run anyway before they see

@@ -13,7 +13,6 @@ import dataclasses
 import multiprocessing as mp
 import os
 import pickle
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from bdsgd.stages.engine.resume import Checkpointer
 from bdsgd.stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
 from bdsgd.stages.errors import CheckpointError, ConfigError, WorkerError
 from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.signals import default_sigterm
 from bdsgd.stages.store import TraceStore, TraceWriter
 from bdsgd.stages.workloads import load_workload
 
@@ -208,9 +208,7 @@ def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
     worker loop to run."""
     tr.check(cfg.workers)
     P.quiet_c10d_logs()
-    # torchrun's agent ends its ranks with SIGTERM (SIGKILL 30 s later): a worker rank ignores
-    # SIGINT, so the command's relay of SIGTERM to SIGINT would hold it for those 30 s
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    default_sigterm()  # (torchrun's agent ends its ranks with SIGTERM)
     try:
         wait_s = cfg.start_timeout_s + cfg.timeout_s  # (the engine rank may start last)
         kind = P.open_store(tr.addr, tr.port, False, wait_s).get(P.VARIANT_KEY).decode()

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.base import HUNG, interrupts_deferred
+from bdsgd.stages.engine.base import HUNG
+from bdsgd.stages.signals import hold_interrupts
 
 if TYPE_CHECKING:
     from bdsgd.stages.engine.collective import Coordinator
@@ -29,7 +30,7 @@ class Regrouping:
         """Whether a member of the current generation reported a failed all-reduce."""
         return self.c10d.check([P.fail_key(self.engine.announcer.generation)])
 
-    @interrupts_deferred()
+    @hold_interrupts()
     def handle_failure(self) -> None:
         """A member's all-reduce failed: every member that is alive reports it within a grace;
         the ones that do not are hung, and declared dead. Ctrl-C waits for the regrouping: the
@@ -54,7 +55,7 @@ class Regrouping:
         blob = self.c10d.get(P.fail_key(self.engine.announcer.generation)).decode()
         return {int(w) for w in blob.split(",") if w}
 
-    @interrupts_deferred()
+    @hold_interrupts()
     def regroup(self) -> None:
         """Regroup the survivors. Online, found while an iteration runs, it ends without an
         update and the new group resumes at the next one; found before it is announced, the new

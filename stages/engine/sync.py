@@ -12,11 +12,12 @@ import time
 import numpy as np
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.admission import TicketAdmission
-from bdsgd.stages.engine.base import Engine, interrupt_held, interrupts_deferred
+from bdsgd.stages.engine.base import Engine
 from bdsgd.stages.engine.progress import Progress
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.goodput import NoiseScale
 from bdsgd.stages.policies.driver import IterationDriver, Outcome
+from bdsgd.stages.signals import hold_interrupts, interrupt_held
 from bdsgd.stages.stragglers import parse_stragglers
 
 REAP_EVERY_S = 0.005  # between iterations, worker processes are looked at this often at most
@@ -68,7 +69,7 @@ class SyncEngine(Engine):
             noise_scale=finite_or_none(self.noise.value),
             gain=float(self.noise.gain(applied)) if applied else None,
         )
-        with interrupts_deferred():  # the trace and the iteration log agree after Ctrl-C
+        with hold_interrupts():  # the trace and the iteration log agree after Ctrl-C
             self.add_rows(trace_rows, self.cutoff(out, sent))
             row = self.record(t, predicted, **{**values, **extra})
         self.janitor.retire(self.iteration_keys(t))
@@ -95,7 +96,7 @@ class SyncEngine(Engine):
         if state.through > state.announced:
             # under Ctrl-C too, the keys workers read and the count :meth:`stop_workers` puts
             # the stop after agree: else a worker waits for an iteration nobody runs
-            with interrupts_deferred():
+            with hold_interrupts():
                 self.before_announcing(max(state.announced + 1, t), state.through)
                 self.announce_block(max(state.announced + 1, t), state.through, limit)
                 state.announced = state.through

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import sys
 import time
@@ -26,6 +25,7 @@ from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError
+from bdsgd.stages.signals import ignore_ctrl_c
 from bdsgd.stages.stragglers import parse_stragglers
 from bdsgd.stages.workloads import Workload, error_line, load_workload
 
@@ -267,9 +267,7 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     (quietly: the engine says why). An error of the workload's own code (its model failing, a
     GPU out of memory) is one line on stderr before it exits: the engine only sees a dead
     worker."""
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # (already, when spawned: bdsgd.stages.engine.spawned)
+    ignore_ctrl_c()  # (already, when spawned: bdsgd.stages.engine.spawned)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
     try:

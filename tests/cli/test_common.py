@@ -1,50 +1,33 @@
-"""bdsgd_cli.common: SIGTERM as Ctrl-C."""
+"""bdsgd_cli.common: the one line a command ends with."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 
 import pytest
 
-from bdsgd_cli.common import sigterm_as_ctrl_c
 
+@pytest.mark.parametrize(
+    ("sig", "code", "why"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+)
+def test_ctrl_c_and_sigterm_end_a_command_in_one_line(capsys, sig, code, why):
+    """A command ended by Ctrl-C or SIGTERM (relayed as Ctrl-C) says which in one line and exits
+    as a shell reports the signal; the SIGTERM handler before the command is back after it."""
+    from bdsgd_cli.common import run_stage
 
-def test_sigterm_becomes_a_ctrl_c_and_the_handler_is_restored():
-    before = signal.getsignal(signal.SIGTERM)
-    terminated: list[bool] = []
-    with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c(terminated):
-        signal.raise_signal(signal.SIGTERM)
-        for _ in range(1000):  # (the relayed SIGINT's handler runs between bytecodes)
+    @run_stage
+    def signalled() -> None:
+        signal.raise_signal(sig)
+        for _ in range(1000):  # (a relayed SIGINT's handler runs between bytecodes)
             pass
-    assert terminated == [True]
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited:
+        signalled()
+    assert exited.value.code == code
+    assert capsys.readouterr().err == f"error: {why}; everything written so far is kept\n"
     assert signal.getsignal(signal.SIGTERM) is before
-
-
-@pytest.mark.parametrize("deferred", [False, True])
-def test_where_sigint_is_ignored_sigterm_still_stops(deferred):
-    """A background job of a shell script starts with SIGINT ignored: a relayed SIGINT would be
-    lost. The SIGTERM is raised at once, or at the end of a block that defers Ctrl-C (which
-    drops a SIGINT there)."""
-    from bdsgd.stages.engine.base import interrupts_deferred
-    from bdsgd.stages.stop import STOP_REQUESTED
-
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    terminated: list[bool] = []
-    reached_the_end = []
-    try:
-        with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c(terminated):
-            block = interrupts_deferred() if deferred else contextlib.nullcontext()
-            with block:
-                signal.raise_signal(signal.SIGTERM)
-                for _ in range(1000):
-                    pass
-                reached_the_end.append(True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        STOP_REQUESTED[0] = False
-    assert terminated == [True]
-    assert reached_the_end == ([True] if deferred else [])  # the block ran whole
 
 
 def test_under_torchrun_the_one_line_is_the_root_cause_torchrun_reports(tmp_path, monkeypatch):

@@ -12,10 +12,10 @@ import pytest
 import torch.distributed as dist
 from bdsgd.stages.engine import base
 from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.base import interrupts_deferred
 from bdsgd.stages.engine.sync import SyncEngine
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.policies.cutoff import StaticCutoff
+from bdsgd.stages.signals import current_hold, hold_interrupts
 
 from tests.stages.engine.test_engine import engine_config
 
@@ -107,72 +107,21 @@ def test_the_logged_c_counts_the_gradients_applied_not_those_lost():
     assert engine.live.tolist() == [True, True, False, True]
 
 
-def test_ctrl_c_between_an_iterations_writes_is_raised_after_them():
-    """The trace rows and the metrics row of an iteration land together: a SIGINT between them
-    is held until both are written, then raised; the handler before the block is back."""
-    before = signal.getsignal(signal.SIGINT)
-    written = []
-    with pytest.raises(KeyboardInterrupt):
-        with interrupts_deferred():
-            written.append("trace rows")
-            os.kill(os.getpid(), signal.SIGINT)
-            written.append("metrics row")
-    assert written == ["trace rows", "metrics row"]
-    assert signal.getsignal(signal.SIGINT) is before
-    with interrupts_deferred():  # no signal: nothing raised
-        written.append("next")
-    assert written[-1] == "next"
-
-
-def test_a_nested_deferred_block_hands_ctrl_c_to_the_enclosing_one():
-    """A regrouping inside an iteration's writes: the SIGINT caught by the inner block is raised
-    when the outer one ends, not between the inner and the rest of the outer."""
-    before = signal.getsignal(signal.SIGINT)
-    written = []
-    with pytest.raises(KeyboardInterrupt):
-        with interrupts_deferred():
-            with interrupts_deferred():
-                os.kill(os.getpid(), signal.SIGINT)
-                written.append("inner")
-            written.append("rest of the outer")
-    assert written == ["inner", "rest of the outer"]
-    assert signal.getsignal(signal.SIGINT) is before
-
-
-def test_where_ctrl_c_is_ignored_a_deferred_block_ignores_it_too():
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
-def test_an_error_in_a_deferred_block_is_not_turned_into_ctrl_c():
-    """A worker failure while Ctrl-C waits: the failure is what the caller sees."""
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(RuntimeError, match="a worker died"):
-        with interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            raise RuntimeError("a worker died")
-    assert signal.getsignal(signal.SIGINT) is before
-
-
 def test_a_ctrl_c_held_for_long_is_acknowledged_once(monkeypatch):
     """A block waiting for a slow worker: the held Ctrl-C is acknowledged on the console once
     (not again for a second Ctrl-C of the same hold), and raised when the block ends."""
     monkeypatch.setattr(base, "NOTICE_AFTER_S", 0.05)
     printed: list[str] = []
     monkeypatch.setattr(base.console, "print", lambda text, *a, **k: printed.append(text))
+    base.watch_held()  # (as an engine starts it)
     with pytest.raises(KeyboardInterrupt):
-        with interrupts_deferred():
+        with hold_interrupts():
             os.kill(os.getpid(), signal.SIGINT)
             wait_for(lambda: printed)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.6)  # the watcher looks twice meanwhile
     assert len(printed) == 1 and "Ctrl-C" in printed[0]
-    assert base._held_since[0] is None  # released with the block: nothing more to notice
+    assert current_hold() is None  # released with the block: nothing more to notice
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> None:

@@ -11,6 +11,7 @@ import sys
 # every module a spawned worker of any variant loads: its first code, its spec and its loop
 WORKER_SIDE = (
     "bdsgd.stages.engine.spawned",
+    "bdsgd.stages.signals",
     "bdsgd.stages.engine.protocol",
     "bdsgd.stages.engine.worker_report",
     "bdsgd.stages.engine.worker",
