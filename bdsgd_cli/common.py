@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -40,8 +41,33 @@ def run_stage(fn: Callable[..., Any]) -> Callable[..., Any]:
             why = "terminated (SIGTERM)" if sigterm.came else "interrupted"
             click.echo(f"error: {why}; everything written so far is kept", err=True)
             sys.exit(EXIT_TERMINATED if sigterm.came else EXIT_INTERRUPTED)
+        finally:
+            end_resource_tracker()
 
     return wrapper
+
+
+def end_resource_tracker(timeout_s: float = 10.0) -> None:
+    """multiprocessing's resource tracker, started with the first spawned worker, ends with the
+    command rather than a moment after it (it exits once its pipe closes: the command waits for
+    that, then kills it)."""
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+    if fd is None or pid is None:
+        return
+    tracker._fd = tracker._pid = None
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.01)
 
 
 def fail(line: str) -> None:

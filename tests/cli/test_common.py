@@ -50,3 +50,28 @@ def test_under_torchrun_the_one_line_is_the_root_cause_torchrun_reports(tmp_path
     assert exited.value.code == 2
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
     assert failure.message == "error: --out /tmp/run already holds a run"
+
+
+TRACKER = """
+import multiprocessing as mp, os
+from multiprocessing import resource_tracker
+from bdsgd_cli.common import end_resource_tracker
+p = mp.get_context("spawn").Process(target=os.getpid)
+p.start(); p.join(60)
+pid = resource_tracker._resource_tracker._pid
+end_resource_tracker()
+print(pid, os.path.exists(f"/proc/{pid}"), resource_tracker._resource_tracker._pid)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_resource_tracker_of_spawned_workers_ends_with_the_command():
+    """A command that spawned workers has multiprocessing's resource tracker as a child; it is
+    gone (reaped) when the command ends, not a moment after (which a check of the command's
+    session for processes left saw as one)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TRACKER], capture_output=True, text=True,
+                         timeout=100, check=True).stdout.split()  # fmt: skip
+    assert out[0].isdigit() and out[1:] == ["False", "None"], out
