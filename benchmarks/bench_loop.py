@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-STRAGGLERS = ("synthetic:base_s=0.05,hosts=4,slow_workers=1,slow_worker_factor=2.5,"
+STRAGGLERS = ("synthetic:base_s={base_s},hosts=4,slow_workers=1,slow_worker_factor=2.5,"
               "p_slow=0.05,p_recover=0.3,slow_factor=3,sigma=0.1,spike_p=0.02,drift=0")  # fmt: skip
 ALPHA = 0.1  # EWMA weight of one step's loss, as bdsgd train's time_to_loss
 
@@ -72,8 +72,14 @@ def final_loss(run: dict, last: int = 10) -> float:
     return float(np.mean([s[2] for s in run["steps"][-last:]]))
 
 
-def straggler_runs(ranks: int, steps: int, work: Path, common: list[str]) -> dict[str, dict]:
-    slow = ["--stragglers", STRAGGLERS]
+def stragglers(base_s: float) -> str:
+    """The emulated cluster: each step's injected delay around ``base_s`` seconds per rank."""
+    return STRAGGLERS.format(base_s=base_s)
+
+
+def straggler_runs(ranks: int, steps: int, work: Path, common: list[str],
+                   base_s: float = 0.05) -> dict[str, dict]:  # fmt: skip
+    slow = ["--stragglers", stragglers(base_s)]
     runs = {"plain DDP": torchrun("ddp_plain.py", ranks, work, "plain", *common, *slow)}
     runs["full (measure only)"] = torchrun("ddp_bdsgd.py", ranks, work, "full", *common, *slow,
                                            "--policy", "full", "--traces", "traces")  # fmt: skip
@@ -138,9 +144,9 @@ def table(runs: dict[str, dict], target: float) -> list[str]:
     return lines
 
 
-def measure(ranks: int, steps: int, work: Path) -> str:
+def measure(ranks: int, steps: int, work: Path, base_s: float = 0.05) -> str:
     common = ["--steps", str(steps), "--batch-size", "16", "--micro-batches", "4"]
-    slow = straggler_runs(ranks, steps, work, common)
+    slow = straggler_runs(ranks, steps, work, common, base_s)
     target = float(np.percentile(smoothed([s[2] for s in slow["plain DDP"]["steps"]]), 25))
     clean = clean_runs(ranks, work, common)
     ratio = {k: rate(v) / rate(clean["plain DDP"]) for k, v in clean.items()}
@@ -152,7 +158,7 @@ def measure(ranks: int, steps: int, work: Path) -> str:
             f"(gloo), {steps} steps of a tiny GPT-2 (AdamW, warmup + cosine, clipping, bf16 "
             f"autocast, 4 micro-batches of 4 sequences per rank).",
             "",
-            f"With stragglers `{STRAGGLERS}` (rank 0 persistently 2.5x slower, host slowdowns that "
+            f"With stragglers `{stragglers(base_s)}` (rank 0 persistently 2.5x slower, host slowdowns that "
             f"come and go); target loss {target:.3f} (the plain run's smoothed loss, 25th "
             "percentile); bdsgd's model fitted (`bdsgd fit --steps 300`) on the measure-only run's "
             "traces:",
@@ -176,6 +182,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", help="also write the section here")
+    ap.add_argument("--base-s", type=float, default=0.05,
+                    help="the emulated step's injected delay per rank, seconds")  # fmt: skip
     ap.add_argument("--clean-repeats", type=int, default=0,
                     help="only the runs without stragglers, this many interleaved rounds")  # fmt: skip
     args = ap.parse_args()
@@ -183,7 +191,7 @@ def main() -> None:
         if args.clean_repeats:
             text = clean_repeats(args.ranks, args.steps, args.clean_repeats, Path(tmp))
         else:
-            text = measure(args.ranks, args.steps, Path(tmp))
+            text = measure(args.ranks, args.steps, Path(tmp), args.base_s)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
