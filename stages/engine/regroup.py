@@ -36,7 +36,11 @@ class Regrouping:
         the ones that do not are hung, and declared dead. Ctrl-C waits for the regrouping: the
         members that reported wait for the next generation, not for the stop."""
         engine = self.engine
-        grace = time.monotonic() + min(engine.cfg.timeout_s, FAIL_GRACE_S)
+        # found by a member's report: the others' all-reduce fails too, within a grace; found
+        # by the coordinator's deadline, no report yet: a loaded machine may be slow to fail
+        # every member's all-reduce (--timeout / 2), so they have a whole --timeout to report
+        grace_s = FAIL_GRACE_S if self.failure_reported() else engine.cfg.timeout_s
+        grace = time.monotonic() + min(engine.cfg.timeout_s, grace_s)
         members = set(np.flatnonzero(engine.live).tolist())
         while time.monotonic() < grace:
             engine.reap()
