@@ -3,15 +3,13 @@ object as its last line with the contract's keys (no timings asserted)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = (
@@ -26,16 +24,9 @@ KEYS = (
 def run_command(*args: str) -> dict:
     """``python -m benchmarks.control_plane ARGS --json`` in its own process group, reaped."""
     cmd = [sys.executable, "-m", "benchmarks.control_plane", *args, "--json"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    assert proc.returncode == 0, err[-2000:]
-    return json.loads(out.strip().splitlines()[-1])
+    done = run_in_session(cmd, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("mode", ["direct", "batched"])

@@ -7,7 +7,8 @@ import pytest
 from bdsgd.stages.run_lock import LOCK_FILE
 
 from tests.cli.test_profile_cli import bdsgd
-from tests.cli.test_train_cli import STARTUP_S, kill_session, running, start_train, wait_until
+from tests.cli.test_train_cli import STARTUP_S, running, start_train, wait_until
+from tests.processes import kill_session
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,6 +20,7 @@ from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.store import TraceStore
 
 from tests.cli.test_profile_cli import BDSGD, bdsgd
+from tests.processes import kill_session, run_in_session, start_in_session
 from tests.stages.engine import write_replay_trace
 from tests.stages.engine.test_protocol import listening_addresses
 
@@ -196,8 +197,7 @@ def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_p
     args = ["--workers", "2", "--iterations", "5", "--policy", "full", "--engine", engine,
             "--workload", "badwl:make", "--traces", str(tmp_path / "t"),
             "--out", str(tmp_path / "run")]  # fmt: skip
-    done = subprocess.run([BDSGD, "train", *args], capture_output=True, text=True, env=env,
-                          timeout=120, start_new_session=True)  # fmt: skip
+    done = run_in_session([BDSGD, "train", *args], timeout=120, env=env)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     workers = [line for line in lines if line.startswith("bdsgd worker ")]
@@ -307,7 +307,7 @@ def start_train(
     otherwise SIGINT has its default disposition, whatever pytest's is."""
     if stragglers is None:
         stragglers = f"replay:{write_replay_trace(tmp / 'replay', [[0.02, 0.01, 0.015]])}"
-    return subprocess.Popen(
+    return start_in_session(
         [
             BDSGD,
             "train",
@@ -328,10 +328,6 @@ def start_train(
             "--micro-batches",
             "2",
         ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
         preexec_fn=sigint_disposition(signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),
     )
 
@@ -341,14 +337,6 @@ def sigint_disposition(disposition):
     where pytest runs as a background job): SIG_DFL, so a Ctrl-C raises KeyboardInterrupt in
     Python, or SIG_IGN, as a shell script's background job starts."""
     return lambda: signal.signal(signal.SIGINT, disposition)
-
-
-def kill_session(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
 
 
 def interrupt_train(

@@ -19,7 +19,8 @@ from bdsgd.stages.loop_runs import check_loop_flags, loop_job
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.train import TrainConfig
 
-from tests.cli.test_train_cli import kill_session, listening_addresses, running, session_of
+from tests.cli.test_train_cli import listening_addresses, running, session_of
+from tests.processes import finish_sessions, kill_session, start_in_session
 from tests.stages.loop.adamw_workload import warmup_cosine
 
 BDSGD = str(Path(sys.executable).with_name("bdsgd"))
@@ -29,19 +30,15 @@ WAIT_S = 240.0  # a whole short run on a loaded machine (start-up imports torch 
 
 
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [BDSGD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, cwd=ROOT,
+    return start_in_session(
+        [BDSGD, *args], cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})},
     )  # fmt: skip
 
 
 def finish(proc: subprocess.Popen, timeout: float = WAIT_S) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-    finally:
-        kill_session(proc)
+    (done,) = finish_sessions(proc, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
 
 
 def train(tmp: Path, *extra: str, name: str = "run", env=None) -> tuple[int, str, str]:

@@ -4,13 +4,14 @@ and the lock dies with its holder (kill -9)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
+
+from tests.processes import kill_session, start_in_session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,15 +26,14 @@ sys.stdin.read()
 
 
 def test_a_second_holder_is_refused_naming_the_first_and_the_lock_dies_with_it(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    holder = start_in_session([sys.executable, "-c", HOLD, str(tmp_path)], stdin=subprocess.PIPE,
+                              stderr=None)  # fmt: skip
     try:
         assert holder.stdout.readline() == "held\n"  # (as long as it takes to start)
         with pytest.raises(ConfigError, match=f"in use by another run \\(pid {holder.pid}\\)"):
             RunDirLock(tmp_path).acquire()
     finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait(30)
+        kill_session(holder, wait_s=30)
     lock = RunDirLock(tmp_path).acquire()
     assert (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
     lock.release()

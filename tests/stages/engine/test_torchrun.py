@@ -3,12 +3,8 @@ store is torchrun's. Tried on one machine as two "nodes" of two processes each."
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +13,8 @@ import pytest
 from bdsgd.stages.engine.launch import Torchrun
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.store import TraceStore
+
+from tests.processes import run_in_session, run_in_sessions
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -85,21 +83,9 @@ def test_train_under_torchrun_two_nodes(tmp_path, engine):
         engine,
         "--json",
     ]
-    nodes = [
-        subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        for _ in range(2)
-    ]
-    try:
-        outs = [n.communicate(timeout=120) for n in nodes]
-    finally:
-        for n in nodes:  # torchrun and every rank it started, also when the test fails
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(n.pid, signal.SIGKILL)
-            n.wait(10)
-    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    lines = [line for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    nodes = run_in_sessions([cmd, cmd], timeout=120)  # each torchrun and every rank it started
+    assert [n.returncode for n in nodes] == [0, 0], "".join(n.stderr[-2000:] for n in nodes)
+    lines = [line for n in nodes for line in n.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # only the server rank prints the summary
     summary = json.loads(lines[0])
     assert summary["iterations"] == 20 and summary["mean_c"] == 2.0
@@ -126,16 +112,9 @@ def test_train_engine_loop_under_torchrun_trains_on_every_rank(tmp_path):
            "--engine", "loop", "--workers", "3", "--iterations", "12", "--policy", "static:2",
            "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
            "--stragglers", "synthetic:base_s=0.005", "--timeout", "60", "--json"]  # fmt: skip
-    node = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, err = node.communicate(timeout=300)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pid, signal.SIGKILL)
-        node.wait(10)
-    assert node.returncode == 0, err[-3000:]
-    lines = [line for line in out.splitlines() if line.startswith("{")]
+    node = run_in_session(cmd, timeout=300)
+    assert node.returncode == 0, node.stderr[-3000:]
+    lines = [line for line in node.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1
     summary = json.loads(lines[0])
     assert summary["iterations"] == 12

@@ -4,13 +4,13 @@ rank behind."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.processes import run_in_sessions
 
 SCRIPT = Path(__file__).with_name("run_loop.py")
 WAIT_S = 240.0  # every rank's whole run, on a loaded machine
@@ -25,20 +25,9 @@ def free_port() -> int:
 def run_ranks(world: int, *args: str, script: Path = SCRIPT, env: dict | None = None) -> list:
     """Run ``script`` as ``world`` ranks; returns their CompletedProcess-like (rc, output)."""
     port = free_port()
-    procs = []
-    try:
-        for rank in range(world):
-            rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world),
-                        "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
-            procs.append(subprocess.Popen([sys.executable, str(script), *args], env=rank_env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          start_new_session=True, text=True))  # fmt: skip
-        outputs = [p.communicate(timeout=WAIT_S)[0] for p in procs]
-        return [(p.returncode, out) for p, out in zip(procs, outputs, strict=True)]
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
+    envs = [{**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world),
+             "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "OMP_NUM_THREADS": "1"} for rank in range(world)]  # fmt: skip
+    ranks = run_in_sessions([[sys.executable, str(script), *args]] * world, timeout=WAIT_S,
+                            envs=envs, stderr=subprocess.STDOUT)  # fmt: skip
+    return [(rank.returncode, rank.stdout) for rank in ranks]

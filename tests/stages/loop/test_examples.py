@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_in_session
 from tests.stages.loop.launch import free_port
 from tests.stages.loop.test_rank import SLOW_RANK0
 
@@ -26,15 +27,8 @@ def torchrun(script: str, tmp_path: Path, *args: str) -> dict:
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(EXAMPLES / script), *TINY,
            "--metrics", str(tmp_path / f"{script}.json"), *args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-    try:
-        out = proc.communicate(timeout=300)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait(timeout=10)
-    assert proc.returncode == 0, out[-3000:]
+    done = run_in_session(cmd, timeout=300, cwd=tmp_path, env=env, stderr=subprocess.STDOUT)
+    assert done.returncode == 0, done.stdout[-3000:]
     return json.loads((tmp_path / f"{script}.json").read_text())
 
 
