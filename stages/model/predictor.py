@@ -25,12 +25,13 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, load_checkpoint
 from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups, run_anchor
+from bdsgd.stages.model.draw_nets import DrawNets
 from bdsgd.stages.model.online import OnlineSpread
 from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
 
 DEFAULT_PARTICLES = 64
-CONSTANTS = ("shift", "widen", "jump", "log_pi", "log_1m_pi")  # WorkerParams fields Arrivals uses
+CONSTANTS = ("shift", "jump", "widen", "log_pi", "log_1m_pi")  # WorkerParams fields Arrivals uses
 
 
 class RuntimePredictor:
@@ -67,6 +68,7 @@ class RuntimePredictor:
         self.hist = HistoryFilter(self.host_index.groups)
         with torch.inference_mode():
             self.params = model.head(worker_idx, host_idx)
+            self.nets = DrawNets(model, self.params)
             self.emb_proj = model.encoder.embed(self.params.emb)
             self.h = model.encoder.h0.reshape(1, 1, -1).clone()
             self.z_chain = model.z_q_init.expand(particles, -1).clone()
@@ -77,9 +79,11 @@ class RuntimePredictor:
     def _refresh(self) -> None:
         """Cache the z-free emission terms for the next iteration from the history features."""
         self.ewma, sd, feats, known = self.hist.features()
-        self.base = self.model.emitter.base(
+        emitter = self.model.emitter
+        self.base = emitter.base(
             self.params, self.ewma, sd, feats, self.present, self.host_index, known
         )
+        self.rare_p = emitter.rare_probabilities(self.params, self.base, self.host_index)
 
     def _normalise(self, runtimes, censored) -> tuple[torch.Tensor, ...]:
         """(y, censored, present) tensors of one iteration's (N,) run-times and flags."""
@@ -128,15 +132,18 @@ class RuntimePredictor:
 
     def _next_y_params(self, num_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         """loc, scale (S, N) of y_{t+1} given S draws of z_{t+1} ~ p(. | z_t^(p))."""
-        z = self.z_now[torch.arange(num_samples) % self.z_now.shape[0]]
-        loc, scale = self.model.transition(z)
-        z_next = loc + scale * torch.randn(loc.shape, generator=self.gen)
-        loc, scale = self.model.emitter(z_next, self.params, self.base)
+        z = self.z_now.numpy()
+        if num_samples != z.shape[0]:
+            z = z[np.arange(num_samples) % z.shape[0]]
+        loc, scale = self.nets.transition(z)
+        z_next = loc + scale * self.rng.standard_normal(loc.shape, dtype=np.float32)
+        loc, scale = self.nets.emission(z_next, self.base)
         shift, sd, widen, _ = self.common
         sd = math.hypot(sd, self.norm.level_sd)  # before the anchor: the run's unknown level
         if shift or sd:  # the recalibration's shared slowdown, one per draw
-            loc = loc + (shift + sd * torch.randn((num_samples, 1), generator=self.gen))
-        return loc, scale * widen
+            level = shift + sd * self.rng.standard_normal((num_samples, 1), dtype=np.float32)
+            loc = loc.add_(torch.from_numpy(level))
+        return loc, scale if widen == 1.0 else scale.mul_(widen)
 
     @torch.inference_mode()
     def sample(self, num_samples: int) -> torch.Tensor:
@@ -150,7 +157,9 @@ class RuntimePredictor:
         loc, scale = self._next_y_params(num_samples)
         self._drawn, self._arrivals = (loc, scale), None
         emitter, hosts = self.model.emitter, self.host_index
-        y = emitter.sample(loc, scale, self.params, self.base, hosts, self.gen, self.rng)
+        y = emitter.sample(
+            loc, scale, self.params, self.base, hosts, self.gen, self.rng, self.rare_p
+        )
         factor = self.common[3] * (self.online.factor if self.online is not None else 1.0)
         norm, offset = self.norm, self.norm.loc
         if factor != 1.0:  # each draw's shift, (S, 1), folded into the normaliser's offset
@@ -162,13 +171,23 @@ class RuntimePredictor:
         return x
 
     def worker_constants(self) -> dict[str, np.ndarray]:
-        """The per-worker emission constants :class:`Arrivals` uses, as float32 numpy arrays,
-        converted once for the predictor's worker set."""
+        """The per-worker emission constants :class:`Arrivals` uses, float32 numpy, converted
+        once for the predictor's worker set: each worker's four components (bulk and tail
+        without its host's jump, then with it) as offsets of the mean ``offsets`` (N, 4),
+        factors of the sd ``sd_factors`` (N, 4) and log weights ``log_weights`` (N, 4); the
+        workers ordered by host ``by_host`` and their hosts ``groups_by_host``."""
         if self._constants is None:
             p, hosts = self.params, self.host_index
+            shift, jump, widen, log_pi, log_1m_pi = (
+                getattr(p, k).detach().float().numpy() for k in CONSTANTS
+            )
+            zero, one, by_host = np.zeros_like(shift), np.ones_like(shift), hosts.by_host.numpy()
             self._constants = {
-                **{k: getattr(p, k).detach().float().numpy() for k in CONSTANTS},
-                "groups": hosts.groups.numpy(),
+                "offsets": np.stack([zero, shift, jump, jump + shift], -1),
+                "sd_factors": np.stack([one, widen, one, widen], -1),
+                "log_weights": np.stack([log_1m_pi, log_pi] * 2, -1),
+                "by_host": by_host,
+                "groups_by_host": hosts.groups.numpy()[by_host],
             }
         return self._constants
 
@@ -230,11 +249,11 @@ class Arrivals:
     """
 
     PARTICLES = 32
-    """Draws of z weighed, up to N = 256; then 8192 / N, at least 16: the work is P x N."""
+    """Draws of z weighed, up to N = 128; then 4096 / N, at least 16: the work is P x N."""
 
     def __init__(self, pred: RuntimePredictor, loc: torch.Tensor, scale: torch.Tensor):
         self.num_samples = loc.shape[0]
-        particles = min(self.PARTICLES, max(16, 8192 // max(loc.shape[-1], 1)))
+        particles = min(self.PARTICLES, max(16, 4096 // max(loc.shape[-1], 1)))
         self.loc = loc[:particles].float().numpy()
         self.scale = scale[:particles].float().numpy()
         for name, value in pred.worker_constants().items():  # the same every iteration
@@ -249,12 +268,21 @@ class Arrivals:
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
         tail without their host's jump, then bulk and tail with it."""
-        loc, sd, shift, jump = self.loc[:, w], self.scale[:, w], self.shift[w], self.jump[w]
-        means = np.stack([loc, loc + shift, loc + jump, loc + jump + shift], -1)
-        wide = sd * self.widen[w]
-        sds = np.stack([sd, wide, sd, wide], -1)
-        logw = np.stack([self.log_1m_pi[w], self.log_pi[w]] * 2, -1)
-        return means, sds, logw
+        means = self.loc[:, w, None] + self.offsets[w]
+        sds = self.scale[:, w, None] * self.sd_factors[w]
+        return means, sds, self.log_weights[w]
+
+    def grouped(self, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The workers in ``mask`` grouped by host (by worker id within a host), and the hosts
+        among them, where each host's run starts, and each worker's host as a position in
+        those hosts."""
+        picked = mask[self.by_host]
+        w, groups = self.by_host[picked], self.groups_by_host[picked]
+        first = np.empty(w.size, dtype=bool)
+        first[:1] = True
+        np.not_equal(groups[1:], groups[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        return w, groups[starts], starts, np.cumsum(first) - 1
 
     def arrived_terms(self, y: np.ndarray, arrived: np.ndarray) -> np.ndarray:
         """(P, 2, G) per host: log p(what its arrived workers showed | draw p, jump j). Arrivals
@@ -263,10 +291,8 @@ class Arrivals:
         if self.added is None or (self.added & ~arrived).any():  # first call, or not a superset
             self.added = np.zeros(arrived.shape, dtype=bool)
             self.seen_arrived = np.zeros((self.loc.shape[0], 2, self.num_hosts))
-        new = np.flatnonzero(arrived & ~self.added)
+        new, hosts, starts, _ = self.grouped(arrived & ~self.added)
         if new.size:
-            new = new[np.argsort(self.groups[new], kind="stable")]
-            hosts, starts = np.unique(self.groups[new], return_index=True)
             means, sds, logw = self.components(new)
             dens = -0.5 * ((y[new, None] - means) / sds) ** 2 - np.log(sds) + logw
             terms = np.logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, 2)
@@ -278,12 +304,9 @@ class Arrivals:
     def sample(self, y, arrived, waiting, y_now) -> np.ndarray:
         """(S, n_waiting) draws of the waiting workers' y (see the class docstring). The work
         grows with the waiting workers and their hosts, not with N."""
-        w = np.flatnonzero(waiting)
+        w, hosts, starts, inverse = self.grouped(waiting)  # grouped by host; undone at the end
         if w.size == 0:
             return np.zeros((self.num_samples, 0))
-        by_host = np.argsort(self.groups[w], kind="stable")
-        w = w[by_host]  # the waiting workers grouped by host; undone at the end
-        hosts, starts, inverse = np.unique(self.groups[w], return_index=True, return_inverse=True)
         means, sds, logw = self.components(w)
         log_surv = log_ndtr32((means - np.float32(y_now)) / sds)
         weighted = log_surv + logw
@@ -303,7 +326,8 @@ class Arrivals:
         # y > y_now drawn by inverting P(y > v) = U P(y > y_now), in logs (no underflow far out)
         u = np.log1p(-self.rng.random(idx.shape, dtype=np.float32))  # log U, U in (0, 1]
         draws = np.empty_like(mean)
-        draws[:, by_host] = mean - sd * ndtri_exp32(u + log_surv.reshape(-1).take(idx))
+        at = np.cumsum(waiting)[w] - 1  # each worker's column: the waiting ones by worker id
+        draws[:, at] = mean - sd * ndtri_exp32(u + log_surv.reshape(-1).take(idx))
         return draws
 
     def pick_draws(self, joint: np.ndarray) -> np.ndarray:

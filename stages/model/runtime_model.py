@@ -310,20 +310,29 @@ class Emitter(nn.Module):
     @staticmethod
     @torch.no_grad()
     def sample(
-        loc, scale, params: WorkerParams, base: EmissionBase, hosts: HostIndex, gen=None, rng=None
+        loc,
+        scale,
+        params: WorkerParams,
+        base: EmissionBase,
+        hosts: HostIndex,
+        gen=None,
+        rng=None,
+        p: np.ndarray | None = None,
     ):
         """(S, N) draws of y, ``loc`` and ``scale`` (S, N), ``base`` of one iteration (N,): each
         host jumps with its probability, each worker takes the tail component with probability
         pi. Both are rare, so every entry is first drawn from the bulk (``gen``), and the tails
         and the jumps are drawn (numpy ``rng``, default: seeded from ``gen``) and applied only
         where they occur (:func:`rare_cells`): a tail entry becomes loc + d + k (y - loc), a
-        jumped host's workers move by J."""
+        jumped host's workers move by J. ``p`` (N + G,): the workers' pi then the hosts' jump
+        probabilities, if the caller has them (:meth:`rare_probabilities`)."""
         y = torch.randn(loc.shape, generator=gen).mul_(scale).add_(loc)
         if rng is None:
             rng = np.random.default_rng(int(torch.randint(2**62, (), generator=gen)))
         n = y.shape[1]  # one grid for both: columns < n are the workers' tails, then the hosts
-        p = torch.cat([params.log_pi.exp(), torch.sigmoid(base.jump_logit[hosts.first])])
-        rows, cols = rare_cells(y.shape[0], _np(p), rng)
+        if p is None:
+            p = Emitter.rare_probabilities(params, base, hosts)
+        rows, cols = rare_cells(y.shape[0], p, rng)
         out, tail = y.numpy(), cols < n
         at = rows[tail], cols[tail]
         widen = _np(params.widen)[at[1]]
@@ -331,6 +340,13 @@ class Emitter(nn.Module):
         workers, pair = hosts.workers_of(cols[~tail] - n)
         out[rows[~tail][pair], workers] += _np(params.jump)[workers]
         return y
+
+    @staticmethod
+    def rare_probabilities(params: WorkerParams, base: EmissionBase, hosts: HostIndex):
+        """(N + G,) float32 numpy: each worker's tail probability pi, then each host's jump
+        probability, the Bernoulli rates :meth:`sample` draws its rare cells at."""
+        p = torch.cat([params.log_pi.exp(), torch.sigmoid(base.jump_logit[hosts.first])])
+        return _np(p)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -216,3 +216,17 @@ def test_the_float32_normal_tails_agree_with_scipys_float64():
     log_p = log_p.astype(np.float32)
     want = ndtri_exp(log_p.astype(np.float64))
     np.testing.assert_allclose(ndtri_exp32(log_p), want, rtol=1e-5, atol=2e-5)
+
+
+def test_the_conditional_groups_a_mask_of_workers_by_host_in_worker_order(checkpoint_path):
+    hosts = ["h3", "h1", "h3", "h2", "h1", "h1", "h4", "h3", "h2"]
+    pred = load_predictor(checkpoint_path, workers=list(range(9)), hosts=hosts, seed=0)
+    pred.sample(16)
+    pred.remaining(0.06, np.zeros(9), np.zeros(9, bool), np.ones(9, bool))
+    arrivals, groups = pred._arrivals, pred.host_index.groups.numpy()
+    for mask in np.random.default_rng(0).random((20, 9)) < 0.6:
+        w, on, starts, where = arrivals.grouped(mask)
+        expected = np.flatnonzero(mask)[np.argsort(groups[mask], kind="stable")]
+        assert w.tolist() == expected.tolist()  # by host, by worker id within a host
+        assert on.tolist() == sorted(set(groups[mask].tolist()))
+        assert groups[w[starts]].tolist() == on.tolist() and (on[where] == groups[w]).all()

@@ -1,0 +1,48 @@
+"""The predictor's numpy copies of the transition and the emission agree with the modules."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from bdsgd.stages.model.draw_nets import DrawNets
+from bdsgd.stages.model.runtime_model import EmissionBase, ModelConfig, RuntimeModel
+
+
+def _trained_looking(seed: int) -> RuntimeModel:
+    """A model whose weights are not at their initial values (eye, zeros), so every term counts."""
+    torch.manual_seed(seed)
+    model = RuntimeModel(ModelConfig(num_workers=12, num_hosts=3)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def test_transition_matches_the_module_to_float32_rounding() -> None:
+    model = _trained_looking(0)
+    nets = DrawNets(model, model.head(torch.arange(1, 13), torch.arange(1, 13) % 3 + 1))
+    z = 2.0 * torch.randn(64, model.cfg.z_dim)
+    with torch.no_grad():
+        loc, scale = model.transition(z)
+    got_loc, got_scale = nets.transition(z.numpy())
+    assert got_loc.dtype == np.float32 and got_scale.dtype == np.float32
+    np.testing.assert_allclose(got_loc, loc.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_scale, scale.numpy(), rtol=1e-5, atol=1e-5)
+    assert (got_scale > 0).all()
+
+
+def test_emission_matches_the_module_to_float32_rounding() -> None:
+    model = _trained_looking(1)
+    with torch.no_grad():
+        params = model.head(torch.arange(1, 13), torch.arange(1, 13) % 3 + 1)
+        base = EmissionBase(
+            loc0=torch.randn(12), pre0=torch.randn(12), scale0=torch.rand(12) + 0.1,
+            jump_logit=torch.randn(12),
+        )  # fmt: skip
+        nets = DrawNets(model, params)
+        z = 2.0 * torch.randn(32, model.cfg.z_dim)
+        loc, scale = model.emitter(z, params, base)
+        got_loc, got_scale = nets.emission(z.numpy(), base)
+    assert got_loc.shape == loc.shape == (32, 12)
+    torch.testing.assert_close(got_loc, loc, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_scale, scale, rtol=1e-5, atol=1e-5)
