@@ -172,6 +172,48 @@ def measure(ranks: int, steps: int, work: Path, base_s: float = 0.05) -> str:
     )
 
 
+def seed_runs(ranks: int, steps: int, seeds: int, work: Path, base_s: float) -> str:
+    """Loss at equal steps against the noise of the seeds: plain DDP, bdsgd (a cut rank's
+    finished micro-batches salvaged, the library's default) and bdsgd with ``--no-salvage`` on
+    the same stragglers for seeds 0..``seeds``-1 (each seed draws its own model
+    init, data order and straggler pattern); bdsgd's model fitted once, on seed 0's measure-only
+    run. The paired difference to plain DDP of each seed, and its mean and sd over the seeds."""
+    common = ["--steps", str(steps), "--batch-size", "16", "--micro-batches", "4"]
+    slow = ["--stragglers", stragglers(base_s)]
+    torchrun("ddp_bdsgd.py", ranks, work, "full", *common, *slow, "--policy", "full",
+             "--traces", "traces")  # fmt: skip
+    subprocess.run([sys.executable, "-m", "bdsgd_cli", "fit", "--traces", "traces", "--checkpoint",
+                    "model.pt", "--steps", "300"], cwd=work, check=True, capture_output=True,
+                   timeout=1800)  # fmt: skip
+    plans = {"plain DDP": ("ddp_plain.py", []),
+             "bdsgd": ("ddp_bdsgd.py", ["--policy", "bdsgd", "--model", "model.pt"]),
+             "bdsgd --no-salvage": ("ddp_bdsgd.py", ["--policy", "bdsgd", "--model", "model.pt",
+                                                     "--no-salvage"])}  # fmt: skip
+    loss: dict[str, list[float]] = {name: [] for name in plans}
+    speed: dict[str, list[float]] = {name: [] for name in plans}
+    for seed in range(seeds):
+        runs = {name: torchrun(script, ranks, work, f"{name.split()[0]}{len(extra)}s{seed}",
+                               *common, *slow, *extra, "--seed", str(seed))
+                for name, (script, extra) in plans.items()}  # fmt: skip
+        target = float(np.percentile(smoothed([s[2] for s in runs["plain DDP"]["steps"]]), 25))
+        for name, one in runs.items():
+            loss[name].append(final_loss(one))
+            ttl, base = time_to(one, target), time_to(runs["plain DDP"], target)
+            speed[name].append(base / ttl if ttl and base else float("nan"))
+    lines = [f"{seeds} seeds, {steps} steps, {ranks} ranks, `{stragglers(base_s)}`:", "",
+             "| run | loss, last 10 steps, each seed | minus plain DDP, each seed | mean | sd | "
+             "time-to-loss speed-up, each seed |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in plans:
+        diff = np.asarray(loss[name]) - np.asarray(loss["plain DDP"])
+        lines.append(f"| {name} | {' / '.join(f'{v:.3f}' for v in loss[name])} | "
+                     f"{' / '.join(f'{d:+.3f}' for d in diff)} | {diff.mean():+.3f} | "
+                     f"{diff.std(ddof=1) if seeds > 1 else float('nan'):.3f} | "
+                     f"{' / '.join(f'{v:.2f}x' for v in speed[name])} |")  # fmt: skip
+    spread = np.std(loss["plain DDP"], ddof=1) if seeds > 1 else float("nan")
+    lines += ["", f"Plain DDP's loss over the seeds: sd {spread:.3f}."]
+    return "\n".join(lines)
+
+
 def run(quick: bool = False) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         return measure(2 if quick else 4, 30 if quick else 150, Path(tmp))
@@ -186,10 +228,15 @@ def main() -> None:
                     help="the emulated step's injected delay per rank, seconds")  # fmt: skip
     ap.add_argument("--clean-repeats", type=int, default=0,
                     help="only the runs without stragglers, this many interleaved rounds")  # fmt: skip
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="only the loss at equal steps: plain DDP and bdsgd (with and without "
+                         "salvage) over this many seeds")  # fmt: skip
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.clean_repeats:
             text = clean_repeats(args.ranks, args.steps, args.clean_repeats, Path(tmp))
+        elif args.seeds:
+            text = seed_runs(args.ranks, args.steps, args.seeds, Path(tmp), args.base_s)
         else:
             text = measure(args.ranks, args.steps, Path(tmp), args.base_s)
     print(text)

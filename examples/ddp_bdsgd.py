@@ -27,6 +27,8 @@ def options(ap) -> None:
     ap.add_argument("--model", help="fitted run-time model (bdsgd fit), for --policy bdsgd")
     ap.add_argument("--out", help="run directory (bdsgd report reads it)")
     ap.add_argument("--traces", help="trace store the run appends to")
+    ap.add_argument("--no-salvage", dest="salvage", action="store_false",
+                    help="a cut rank sends zeros, not the micro-batches it finished")  # fmt: skip
 
 
 def main() -> None:
@@ -37,7 +39,7 @@ def main() -> None:
     model = build_model(args.seed, args.layers, args.width).to(device)
     cut = bdsgd.Cutoff(model, policy=args.policy, checkpoint=args.model, out=args.out,
                        traces=args.traces, micro_batches=args.micro_batches,
-                       stragglers=args.stragglers, seed=args.seed)  # fmt: skip
+                       stragglers=args.stragglers, seed=args.seed, salvage=args.salvage)  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     sched = warmup_cosine(opt, args.warmup, args.steps)
     batches = iter(build_loader(args.batch_size, args.steps, world, rank, args.seed))

@@ -29,8 +29,10 @@ class LoopConfig:
     micro_batches: int = 1
     """Parts :meth:`Iteration.micro_batches` splits a rank's batch into: the places where a
     rank that is cut stops."""
-    salvage: bool = False
-    """A cut rank contributes the micro-batches it finished (else zeros)."""
+    salvage: bool = True
+    """A cut rank contributes the micro-batches it finished (DropCompute's rule); False: zeros.
+    On by default: the finished work is free, and it keeps the loss per step near plain DDP's
+    (docs/benchmarks.md, "bdsgd in a user's loop")."""
     lr_scaling: str = "auto"
     """How :meth:`Cutoff.step` scales the optimizer's learning rate by the admitted share f of
     the nominal samples: ``linear`` (lr * f), ``sqrt`` (lr * sqrt f), ``none``; ``auto`` is
