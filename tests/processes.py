@@ -34,7 +34,8 @@ def kill_session(*procs: subprocess.Popen, wait_s: float = REAP_S) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     for proc in procs:
-        proc.wait(wait_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # in a finally: keep the real error
+            proc.wait(wait_s)
 
 
 def finish_sessions(*procs: subprocess.Popen, timeout: float) -> list[subprocess.CompletedProcess]:
@@ -83,6 +84,13 @@ def run_in_session(cmd: Sequence, *, timeout: float, **popen) -> subprocess.Comp
     """Run ``cmd`` in a session of its own, at most ``timeout`` seconds, and kill the session
     afterwards; its returncode, stdout and stderr (None where merged into stdout)."""
     return run_in_sessions([cmd], timeout=timeout, **popen)[0]
+
+
+def stderr_of(proc: subprocess.Popen) -> str:
+    """For a failing assertion's message: the end of ``proc``'s stderr, its session killed
+    first if it still runs (reading a running process's pipe would wait for it to end)."""
+    kill_session(proc)
+    return _tail(_output_of_killed(proc)[1])
 
 
 def _output_of_killed(proc: subprocess.Popen) -> tuple[str | None, str | None]:

@@ -5,8 +5,8 @@ Each iteration a rank computes its micro-batches (:meth:`Iteration.micro_batches
 of them it looks for the iteration's cut (one c10d-store check). A rank whose computation ends
 before the cut takes an arrival ticket (``store.add``); a ticket below ``CLOSED`` admits its
 gradient. Then every rank enters one all-reduce of (gradient sum, samples, admitted, loss): an
-admitted rank contributes its whole gradient, a cut one zeros (or, with ``salvage``, its finished
-micro-batches), and the sum is divided by the admitted samples. The coordinator
+admitted rank contributes its whole gradient, a cut one its finished micro-batches (``salvage``,
+the default; zeros without it), and the sum is divided by the contributed samples. The coordinator
 (:mod:`~bdsgd.stages.loop.coordinator`, a thread beside one rank's loop) asks the policy, reads
 the tickets as they come and closes the counter at the cut; no rank waits for it otherwise.
 

@@ -304,6 +304,7 @@ class Arrivals:
     def sample(self, y, arrived, waiting, y_now) -> np.ndarray:
         """(S, n_waiting) draws of the waiting workers' y (see the class docstring). The work
         grows with the waiting workers and their hosts, not with N."""
+        waiting = np.asarray(waiting, dtype=bool)
         w, hosts, starts, inverse = self.grouped(waiting)  # grouped by host; undone at the end
         if w.size == 0:
             return np.zeros((self.num_samples, 0))

@@ -8,7 +8,7 @@ from bdsgd.stages.run_lock import LOCK_FILE
 
 from tests.cli.test_profile_cli import bdsgd
 from tests.cli.test_train_cli import STARTUP_S, running, start_train, wait_until
-from tests.processes import kill_session
+from tests.processes import kill_session, stderr_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,7 +23,7 @@ def test_a_second_resume_of_a_running_run_dir_is_refused(tmp_path):
     try:
         wait_until(lambda: holds_lock(lock, proc.pid) or proc.poll() is not None, STARTUP_S,
                    "the run's lock")  # fmt: skip
-        assert proc.poll() is None, proc.communicate()[1]
+        assert proc.poll() is None, stderr_of(proc)
         done = bdsgd("train", "--resume", str(tmp_path / "run"), timeout=120)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1

@@ -20,7 +20,7 @@ from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.store import TraceStore
 
 from tests.cli.test_profile_cli import BDSGD, bdsgd
-from tests.processes import kill_session, run_in_session, start_in_session
+from tests.processes import kill_session, run_in_session, start_in_session, stderr_of
 from tests.stages.engine import write_replay_trace
 from tests.stages.engine.test_protocol import listening_addresses
 
@@ -293,7 +293,7 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path) -> None:
     what it says)."""
     path = run_dir / STATE_FILE
     wait_until(lambda: path.exists() or proc.poll() is not None, STARTUP_S, "a checkpoint")
-    assert path.exists(), f"the run ended before its first checkpoint: {proc.communicate()[1]}"
+    assert path.exists(), f"the run ended before its first checkpoint: {stderr_of(proc)}"
 
 
 def start_train(

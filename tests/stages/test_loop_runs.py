@@ -20,7 +20,7 @@ from bdsgd.stages.store import TraceStore
 from bdsgd.stages.train import TrainConfig
 
 from tests.cli.test_train_cli import listening_addresses, running, session_of
-from tests.processes import finish_sessions, kill_session, start_in_session
+from tests.processes import finish_sessions, kill_session, start_in_session, stderr_of
 from tests.stages.loop.adamw_workload import warmup_cosine
 
 BDSGD = str(Path(sys.executable).with_name("bdsgd"))
@@ -84,7 +84,7 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
     try:
         deadline = time.monotonic() + WAIT_S
         while not (tmp_path / "cut" / "checkpoint.pt").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            assert proc.poll() is None and time.monotonic() < deadline, stderr_of(proc)
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGTERM)
         rc, _, err = finish(proc, 60)
