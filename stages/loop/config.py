@@ -49,6 +49,10 @@ class LoopConfig:
     """The run's id in the traces; None: a new one."""
     coordinator_rank: int = 0
     """The training rank whose process runs the coordinator thread."""
+    cut_relay: bool | None = None
+    """Relay the cut per node (:mod:`~bdsgd.stages.loop.relay`): the node's first rank waits for
+    it on the job's store and the node's ranks look in a store on loopback. None: when the job
+    spans several hosts and a host runs several ranks."""
     timeout_s: float = 300.0
     """Longest wait on the other ranks or the coordinator, seconds."""
     record_every: int = 50

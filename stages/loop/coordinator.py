@@ -28,6 +28,7 @@ from bdsgd.stages.engine.janitor import KeyJanitor
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, first_line
 from bdsgd.stages.loop.config import LoopConfig, source_of
+from bdsgd.stages.loop.relay import own_connection
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.store import TraceStore, TraceWriter
@@ -330,17 +331,6 @@ def slow_ranks(runtimes: list[np.ndarray], censored: list[np.ndarray], hosts: li
     return [dict(rank=int(w), host=hosts[w], median_s=float(per_rank[w]),
                  ratio=float(per_rank[w] / typical), cut_share=float(cut_share[w]))
             for w in np.argsort(-per_rank) if slow[w]]  # fmt: skip
-
-
-def own_connection(c10d):
-    """A new client of the same c10d store (``Store.clone``)."""
-    try:
-        return c10d.clone()
-    except (RuntimeError, NotImplementedError, AttributeError) as exc:
-        raise BdsgdError(
-            f"bdsgd needs a process group whose store takes a second connection (torchrun, "
-            f"env:// or tcp://): {first_line(exc)}"
-        ) from None
 
 
 def earlier_log(out: str | None, before: int) -> dict[str, list]:

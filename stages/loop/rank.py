@@ -32,6 +32,7 @@ from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
 from bdsgd.stages.ids import new_run_id
 from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule, source_of
+from bdsgd.stages.loop.relay import NodeCut, wants_relay
 from bdsgd.stages.loop.timing import ComputeTimer
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
@@ -110,7 +111,8 @@ class Cutoff:
         self.run_id = self._agree(cfg.run_id or new_run_id(source_of(cfg.policy)))
         self.c10d = dist.PrefixStore(f"bdsgd/{self.run_id}/", _default_store())
         self.delays, emulated = _stragglers(cfg, self.world, self.rank)
-        self.hosts = emulated or _gather(socket.gethostname())
+        machines = _gather(socket.gethostname())
+        self.hosts = emulated or machines
         self.flat = self._flat_buffer()
         self.t = 0
         self.last: IterationResult | None = None
@@ -119,6 +121,9 @@ class Cutoff:
         self.stop_requested = False
         self.measure_only = cfg.policy == "full"  # no cut ever comes: ranks never look for one
         self.coordinator = self._start_coordinator()
+        relay = not self.measure_only and wants_relay(cfg.cut_relay, machines)
+        self.node_cut = NodeCut(self.c10d, machines, self.rank, relay, lambda: self.t,
+                                cfg.timeout_s)  # fmt: skip
         broadcast_module(model, src=0)
         dist.barrier()
         self.t0: float | None = None  # the first iteration's start: the run's clock starts there
@@ -218,6 +223,7 @@ class Cutoff:
                       f"{slow['median_s'] * 1e3:.1f} ms, {slow['ratio']:.2f}x the ranks' median, "
                       f"cut in {slow['cut_share']:.0%} of iterations", file=sys.stderr)  # fmt: skip
         dist.barrier()
+        self.node_cut.close()
         return summary
 
     # -- internals ------------------------------------------------------------------------------
@@ -406,7 +412,7 @@ class Iteration:
         if self.cut.measure_only:
             return False  # (full cuts nothing: no store call between micro-batches)
         if not self.seen_cut:
-            self.seen_cut = self.cut.c10d.check([P.cut_key(self.t)])
+            self.seen_cut = self.cut.node_cut.view.check([P.cut_key(self.t)])
         return self.seen_cut
 
     def _wait_delay(self, parts: int) -> bool:
@@ -416,7 +422,7 @@ class Iteration:
         if self.cut.measure_only:
             time.sleep(self.delay_s / max(parts, 1))
             return False
-        if P.wait_key(self.cut.c10d, P.cut_key(self.t), self.delay_s / max(parts, 1)):
+        if P.wait_key(self.cut.node_cut.view, P.cut_key(self.t), self.delay_s / max(parts, 1)):
             self.seen_cut = True
         return self.seen_cut
 

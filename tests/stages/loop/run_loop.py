@@ -26,6 +26,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--stragglers", default="none")
     ap.add_argument("--micro-batches", type=int, default=2)
     ap.add_argument("--salvage", action="store_true")
+    ap.add_argument("--cut-relay", action="store_true", help="relay the cut through a local store")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--single", action="store_true", help="one process, no bdsgd: the reference")
     ap.add_argument("--device", default="cpu")
@@ -89,6 +90,7 @@ def distributed(args) -> None:
     model, opt, sched = setup(device=args.device)
     cut = bdsgd.Cutoff(model, policy=args.policy, micro_batches=args.micro_batches,
                        salvage=args.salvage, stragglers=args.stragglers, out=args.out,
+                       cut_relay=True if args.cut_relay else None,
                        traces=args.traces, timeout_s=120)  # fmt: skip
     start = cut.resume(opt, sched) if args.resume else 0
     batches = iter(data(rank, world))
@@ -112,6 +114,9 @@ def distributed(args) -> None:
             break
     summary = cut.close()
     seen["summary"] = summary
+    node = cut.node_cut  # where this rank looked for the cut, and what its relay passed on
+    seen["local_view"] = node.view is not cut.c10d
+    seen["relayed"] = node.relay.relayed if node.relay is not None else None
     write(args.result, rank, model, seen)
     dist.destroy_process_group()
 

@@ -61,17 +61,26 @@ def load_initial() -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("salvage", [False, True])
-def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path, salvage):
+@pytest.mark.parametrize("salvage,relay", [(False, False), (True, False), (True, True)])
+def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path, salvage, relay):
     """static:2 of 3 with rank 0 (which also runs the coordinator) far slower: every iteration
     applies the two fast ranks' batches (with salvage also rank 0's finished micro-batches),
-    rank 0's rows are censored, and the replicas stay identical. No rank is reserved."""
+    rank 0's rows are censored, and the replicas stay identical. No rank is reserved. With the
+    cut relayed (one host here, so forced), every rank looks for the cut in the local store,
+    and rank 0's relay passed the cuts on."""
     steps = 4
     args = ["--steps", str(steps), "--policy", "static:2", "--micro-batches", "4",
             "--stragglers", SLOW_RANK0, "--result", str(tmp_path / "r"),
             "--out", str(tmp_path / "run"), "--traces", str(tmp_path / "traces")]  # fmt: skip
-    ranks_ok(run_ranks(3, *args, *(["--salvage"] if salvage else [])))
+    flags = (["--salvage"] if salvage else []) + (["--cut-relay"] if relay else [])
+    ranks_ok(run_ranks(3, *args, *flags))
     seen = [load(tmp_path / "r", r) for r in range(3)]
+    assert [s["local_view"] for s in seen] == [relay] * 3
+    if relay:  # (a cut its rank's delay outran is skipped: at least one, at most every one)
+        assert 1 <= seen[0]["relayed"] <= steps
+    else:
+        assert seen[0]["relayed"] is None
+    assert seen[1]["relayed"] is None and seen[2]["relayed"] is None
     assert seen[0]["params"] == seen[1]["params"] == seen[2]["params"]
     assert seen[0]["world_size"] == 3
     assert seen[0]["cut"] == [True] * steps and seen[1]["cut"] == [False] * steps

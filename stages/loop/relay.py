@@ -1,0 +1,106 @@
+"""The cut, relayed per node: one waiter on the job's store per node, not one check per rank and
+micro-batch.
+
+A rank of a cutoff loop looks for its iteration's cut (``cut/<t>``) between its micro-batches.
+Asked of the job's c10d store, that is a round trip per rank and micro-batch on the store that
+also carries every ticket and report: at 1,024 ranks and 4 micro-batches, 4,096 calls an
+iteration. With the relay, the first rank of each node runs :class:`CutRelay`, a thread with its
+own connection to the job's store that waits for each iteration's cut in turn and sets it in a
+node-local store (a c10d TCPStore on loopback, hosted by that rank); the node's ranks look there,
+and the job's store answers one waiter per node.
+
+``LoopConfig.cut_relay``: None (the default) relays when the job spans more than one host and a
+host runs more than one rank; True or False forces it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch.distributed as dist
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.errors import BdsgdError, first_line
+
+LOCAL_HOST = "127.0.0.1"
+POLL_S = 0.5
+"""Longest single wait of the relay on the job's store (its stop is seen between two)."""
+KEEP = 4
+"""Iterations of cut keys the node-local store keeps (older ones are deleted)."""
+JOIN_S = 10.0
+
+
+def own_connection(c10d):
+    """A new client of the same c10d store (``Store.clone``)."""
+    try:
+        return c10d.clone()
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:
+        raise BdsgdError(
+            f"bdsgd needs a process group whose store takes a second connection (torchrun, "
+            f"env:// or tcp://): {first_line(exc)}"
+        ) from None
+
+
+def wants_relay(setting: bool | None, hosts: list[str]) -> bool:
+    """Whether a job whose ranks run on ``hosts`` (one name per rank) relays its cut."""
+    if setting is not None:
+        return setting
+    return len(set(hosts)) > 1 and len(hosts) > len(set(hosts))
+
+
+class CutRelay:
+    """The relay thread: waits on ``job`` for ``cut/<t>`` of each iteration from ``current()``
+    (its rank's iteration) on, and sets it in the node-local store at ``port``."""
+
+    def __init__(self, job: dist.Store, port: int, current: Callable[[], int], timeout_s: float):
+        self.job, self.current = job, current
+        self.local = P.open_store(LOCAL_HOST, port, False, timeout_s)  # its own connection
+        self.relayed = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bdsgd-cut-relay", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t = self.current()
+        try:
+            while not self._stop.is_set():
+                t = max(t, self.current())
+                if P.wait_key(self.job, P.cut_key(t), POLL_S):
+                    self.local.set(P.cut_key(t), b"1")
+                    if t >= KEEP:
+                        self.local.delete_key(P.cut_key(t - KEEP))
+                    self.relayed, t = self.relayed + 1, t + 1
+        except RuntimeError:  # (torch's DistError is one)
+            return  # a store gone: the node's ranks then run their micro-batches to the end
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(JOIN_S)
+
+
+class NodeCut:
+    """Where a rank looks for the cut: the node-local store when the job relays (the node's
+    first rank hosts it and runs the :class:`CutRelay`), else the job's store."""
+
+    def __init__(self, job: dist.Store, hosts: list[str], rank: int, relay: bool,
+                 current: Callable[[], int], timeout_s: float) -> None:  # fmt: skip
+        self.view, self.server, self.relay = job, None, None
+        if not relay:
+            return
+        host = hosts[rank]
+        first = hosts.index(host)
+        key = f"relay/{first}"
+        if rank == first:
+            self.server = P.open_store(LOCAL_HOST, 0, True, timeout_s)
+            job.set(key, str(self.server.port))
+            self.relay = CutRelay(own_connection(job), self.server.port, current, timeout_s)
+            self.view = self.server
+            return
+        port = P.get_key(job, key)
+        if port is None:
+            raise BdsgdError(f"the cut relay of rank {first} on {host} did not start")
+        self.view = P.open_store(LOCAL_HOST, int(port), False, timeout_s)
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()

@@ -1,0 +1,58 @@
+"""The per-node relay of the cut: when it is on, and that it passes each iteration's cut from
+the job's store to the node-local one in order, keeping only the last few."""
+
+from __future__ import annotations
+
+import pytest
+from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.loop.relay import KEEP, CutRelay, wants_relay
+
+WAIT_S = 60.0  # generous: a loaded machine may be slow, never wrong
+
+
+def test_auto_relays_only_when_a_job_spans_hosts_that_run_several_ranks() -> None:
+    assert wants_relay(None, ["a", "a", "b", "b"])
+    assert not wants_relay(None, ["a", "a", "a"])  # one host: its store is local already
+    assert not wants_relay(None, ["a", "b", "c"])  # one rank per host: nothing to share
+    assert wants_relay(True, ["a"]) and not wants_relay(False, ["a", "a", "b", "b"])
+
+
+@pytest.fixture
+def stores():
+    job = P.open_store("127.0.0.1", 0, True, WAIT_S)
+    local = P.open_store("127.0.0.1", 0, True, WAIT_S)
+    yield job, local
+
+
+def test_the_relay_passes_each_cut_on_in_order_and_forgets_old_ones(stores) -> None:
+    job, local = stores
+    relay = CutRelay(P.open_store("127.0.0.1", job.port, False, WAIT_S), local.port, lambda: 0,
+                     WAIT_S)  # fmt: skip
+    try:
+        assert not local.check([P.cut_key(0)])
+        for t in range(KEEP + 2):
+            job.set(P.cut_key(t), str(t))
+            assert P.wait_key(local, P.cut_key(t), WAIT_S), f"cut {t} not relayed"
+        assert relay.relayed == KEEP + 2
+        assert not local.check([P.cut_key(0)]) and not local.check([P.cut_key(1)])
+        assert local.check([P.cut_key(t) for t in range(2, KEEP + 2)])
+    finally:
+        relay.close()
+    assert not relay.thread.is_alive()
+
+
+def test_the_relay_follows_its_rank_past_iterations_it_missed(stores) -> None:
+    job, local = stores
+    now = [5]  # the rank is at iteration 5 (resumed, or its delay outran cuts 0-4)
+    relay = CutRelay(P.open_store("127.0.0.1", job.port, False, WAIT_S), local.port,
+                     lambda: now[0], WAIT_S)  # fmt: skip
+    try:
+        job.set(P.cut_key(5), "5")
+        assert P.wait_key(local, P.cut_key(5), WAIT_S)
+        job.set(P.cut_key(3), "3")  # an old cut appearing late is not waited for
+        now[0] = 7
+        job.set(P.cut_key(7), "7")
+        assert P.wait_key(local, P.cut_key(7), WAIT_S)
+        assert not local.check([P.cut_key(3)]) and not local.check([P.cut_key(6)])
+    finally:
+        relay.close()
