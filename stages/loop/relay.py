@@ -28,6 +28,7 @@ POLL_S = 0.5
 KEEP = 4
 """Iterations of cut keys the node-local store keeps (older ones are deleted)."""
 JOIN_S = 10.0
+NO_RELAY = "none"  # what a node's first rank publishes when it could not start the relay
 
 
 def own_connection(c10d):
@@ -66,10 +67,11 @@ class CutRelay:
             while not self._stop.is_set():
                 t = max(t, self.current())
                 if P.wait_key(self.job, P.cut_key(t), POLL_S):
-                    self.local.set(P.cut_key(t), b"1")
-                    if t >= KEEP:
+                    if t >= KEEP:  # (before the new key: whoever sees it sees this done)
                         self.local.delete_key(P.cut_key(t - KEEP))
-                    self.relayed, t = self.relayed + 1, t + 1
+                    self.relayed += 1
+                    self.local.set(P.cut_key(t), b"1")
+                    t += 1
         except RuntimeError:  # (torch's DistError is one)
             return  # a store gone: the node's ranks then run their micro-batches to the end
 
@@ -80,7 +82,9 @@ class CutRelay:
 
 class NodeCut:
     """Where a rank looks for the cut: the node-local store when the job relays (the node's
-    first rank hosts it and runs the :class:`CutRelay`), else the job's store."""
+    first rank hosts it and runs the :class:`CutRelay`), else the job's store. A relay that
+    cannot start (no loopback store) leaves the node's ranks on the job's store: the relay
+    only saves round trips, it decides nothing."""
 
     def __init__(self, job: dist.Store, hosts: list[str], rank: int, relay: bool,
                  current: Callable[[], int], timeout_s: float) -> None:  # fmt: skip
@@ -91,15 +95,22 @@ class NodeCut:
         first = hosts.index(host)
         key = f"relay/{first}"
         if rank == first:
-            self.server = P.open_store(LOCAL_HOST, 0, True, timeout_s)
-            job.set(key, str(self.server.port))
-            self.relay = CutRelay(own_connection(job), self.server.port, current, timeout_s)
-            self.view = self.server
+            try:
+                self.server = P.open_store(LOCAL_HOST, 0, True, timeout_s)
+                self.relay = CutRelay(own_connection(job), self.server.port, current, timeout_s)
+            except BdsgdError:
+                self.server = self.relay = None
+            job.set(key, str(self.server.port) if self.server is not None else NO_RELAY)
+            self.view = self.server if self.server is not None else job
             return
         port = P.get_key(job, key)
         if port is None:
-            raise BdsgdError(f"the cut relay of rank {first} on {host} did not start")
-        self.view = P.open_store(LOCAL_HOST, int(port), False, timeout_s)
+            raise BdsgdError(f"the cut relay of rank {first} on {host} did not answer")
+        if port.decode() != NO_RELAY:
+            try:
+                self.view = P.open_store(LOCAL_HOST, int(port), False, timeout_s)
+            except BdsgdError:
+                self.view = job
 
     def close(self) -> None:
         if self.relay is not None:

@@ -56,3 +56,21 @@ def test_the_relay_follows_its_rank_past_iterations_it_missed(stores) -> None:
         assert not local.check([P.cut_key(3)]) and not local.check([P.cut_key(6)])
     finally:
         relay.close()
+
+
+def test_a_node_whose_relay_did_not_start_looks_in_the_job_store(stores) -> None:
+    from bdsgd.stages.loop.relay import NO_RELAY, NodeCut
+
+    job, _ = stores
+    off = NodeCut(job, ["a", "a"], 1, False, lambda: 0, WAIT_S)
+    assert off.view is job and off.relay is None
+    job.set("relay/0", NO_RELAY)  # rank 0 of host "a" could not host the local store
+    fallback = NodeCut(job, ["a", "a"], 1, True, lambda: 0, WAIT_S)
+    assert fallback.view is job and fallback.relay is None
+    first = NodeCut(job, ["b", "b"], 0, True, lambda: 0, WAIT_S)  # this one can: it relays
+    try:
+        assert first.view is first.server and first.relay is not None
+        job.set(P.cut_key(0), "1")
+        assert P.wait_key(first.view, P.cut_key(0), WAIT_S)
+    finally:
+        first.close()
