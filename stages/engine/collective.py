@@ -99,7 +99,10 @@ class Coordinator(SyncEngine):
         self.cycle_s: float | None = None  # an iteration's duration (cut to cut), smoothed
         self.steps = StepLog(c10d, self.log, self.noise, cfg.batch_size)  # what steps tell
         self.announcer = Announcer(c10d, cfg.record_batch, self.record_clock)  # what they hear
-        self.outputs = ReplicaOutputs(c10d, cfg, alive)  # states, devices, digests, lags
+        # states, devices, digests, lags; liveness as the engine's now (the launcher replaces
+        # ``alive`` once it has spawned the workers: a copy of the first one waited 30 s on dead
+        # replicas for outputs they never published)
+        self.outputs = ReplicaOutputs(c10d, cfg, lambda w: self.alive(w))
         self.regrouping = Regrouping(self)  # failures, and the survivors' new generation
         self.batched: dict[int, bytes] = {}  # steps of the last batch read, not yet admitted
 
