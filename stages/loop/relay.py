@@ -15,6 +15,7 @@ host runs more than one rank; True or False forces it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -23,8 +24,10 @@ from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.errors import BdsgdError, first_line
 
 LOCAL_HOST = "127.0.0.1"
-POLL_S = 0.5
-"""Longest single wait of the relay on the job's store (its stop is seen between two)."""
+WAIT_S = 30.0
+"""Longest single wait of the relay on the job's store. c10d logs a warning (that torch's log
+level, read at import, cannot silence later) for every wait that times out, so the waits are
+long: an iteration shorter than this logs nothing. :meth:`CutRelay.close` wakes the wait."""
 KEEP = 4
 """Iterations of cut keys the node-local store keeps (older ones are deleted)."""
 JOIN_S = 10.0
@@ -50,13 +53,17 @@ def wants_relay(setting: bool | None, hosts: list[str]) -> bool:
 
 
 class CutRelay:
-    """The relay thread: waits on ``job`` for ``cut/<t>`` of each iteration from ``current()``
-    (its rank's iteration) on, and sets it in the node-local store at ``port``."""
+    """The relay thread: waits on the job's store (a connection of its own, cloned from its
+    rank's ``job``) for ``cut/<t>`` of each iteration from ``current()`` (its rank's iteration)
+    on, and sets it in the node-local store at ``port``."""
 
-    def __init__(self, job: dist.Store, port: int, current: Callable[[], int], timeout_s: float):
-        self.job, self.current = job, current
+    def __init__(self, job: dist.Store, port: int, current: Callable[[], int], timeout_s: float,
+                 wait_s: float = WAIT_S) -> None:  # fmt: skip
+        self.job, self.current, self.wait_s = job, current, min(wait_s, timeout_s)
+        self.listen = own_connection(job)  # blocked in waits: nothing else may use it
         self.local = P.open_store(LOCAL_HOST, port, False, timeout_s)  # its own connection
         self.relayed = 0
+        self.pending = current()  # the iteration whose cut it waits for
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="bdsgd-cut-relay", daemon=True)
         self.thread.start()
@@ -65,8 +72,10 @@ class CutRelay:
         t = self.current()
         try:
             while not self._stop.is_set():
-                t = max(t, self.current())
-                if P.wait_key(self.job, P.cut_key(t), POLL_S):
+                t = self.pending = max(t, self.current())
+                if P.wait_key(self.listen, P.cut_key(t), self.wait_s):
+                    if self._stop.is_set():  # woken by close: no iteration t runs
+                        return
                     if t >= KEEP:  # (before the new key: whoever sees it sees this done)
                         self.local.delete_key(P.cut_key(t - KEEP))
                     self.relayed += 1
@@ -76,7 +85,11 @@ class CutRelay:
             return  # a store gone: the node's ranks then run their micro-batches to the end
 
     def close(self) -> None:
+        """Stop the relay after its rank's last iteration: the cut key of the iteration it waits
+        for (after the last: no coordinator will run it) ends the wait."""
         self._stop.set()
+        with contextlib.suppress(RuntimeError):  # the job's store already gone: so is the wait
+            self.job.set(P.cut_key(self.pending), b"closed")  # (the rank's connection)
         self.thread.join(JOIN_S)
 
 
@@ -97,7 +110,7 @@ class NodeCut:
         if rank == first:
             try:
                 self.server = P.open_store(LOCAL_HOST, 0, True, timeout_s)
-                self.relay = CutRelay(own_connection(job), self.server.port, current, timeout_s)
+                self.relay = CutRelay(job, self.server.port, current, timeout_s)
             except BdsgdError:
                 self.server = self.relay = None
             job.set(key, str(self.server.port) if self.server is not None else NO_RELAY)

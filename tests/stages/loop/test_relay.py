@@ -8,6 +8,7 @@ from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.loop.relay import KEEP, CutRelay, wants_relay
 
 WAIT_S = 60.0  # generous: a loaded machine may be slow, never wrong
+SLICE_S = 0.2  # the relay's waits here: short, so that it sees its stop and its rank's moves
 
 
 def test_auto_relays_only_when_a_job_spans_hosts_that_run_several_ranks() -> None:
@@ -26,8 +27,8 @@ def stores():
 
 def test_the_relay_passes_each_cut_on_in_order_and_forgets_old_ones(stores) -> None:
     job, local = stores
-    relay = CutRelay(P.open_store("127.0.0.1", job.port, False, WAIT_S), local.port, lambda: 0,
-                     WAIT_S)  # fmt: skip
+    relay = CutRelay(job, local.port, lambda: 0,
+                     WAIT_S, wait_s=SLICE_S)  # fmt: skip
     try:
         assert not local.check([P.cut_key(0)])
         for t in range(KEEP + 2):
@@ -44,8 +45,8 @@ def test_the_relay_passes_each_cut_on_in_order_and_forgets_old_ones(stores) -> N
 def test_the_relay_follows_its_rank_past_iterations_it_missed(stores) -> None:
     job, local = stores
     now = [5]  # the rank is at iteration 5 (resumed, or its delay outran cuts 0-4)
-    relay = CutRelay(P.open_store("127.0.0.1", job.port, False, WAIT_S), local.port,
-                     lambda: now[0], WAIT_S)  # fmt: skip
+    relay = CutRelay(job, local.port,
+                     lambda: now[0], WAIT_S, wait_s=SLICE_S)  # fmt: skip
     try:
         job.set(P.cut_key(5), "5")
         assert P.wait_key(local, P.cut_key(5), WAIT_S)
@@ -73,4 +74,5 @@ def test_a_node_whose_relay_did_not_start_looks_in_the_job_store(stores) -> None
         job.set(P.cut_key(0), "1")
         assert P.wait_key(first.view, P.cut_key(0), WAIT_S)
     finally:
-        first.close()
+        first.close()  # its relay waits (up to 30 s) for cut 1: the close ends that wait
+    assert not first.relay.thread.is_alive()
