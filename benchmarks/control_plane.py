@@ -25,6 +25,10 @@ Two ways the protocol can travel (``--mode``):
 - ``batched``: the keys and their meaning are the same; the coordinator reads the ticket
   counter after each report and fetches every report already taken in one ``multi_get``; one
   relay per process (per node) waits for the cut on the store and wakes its ranks locally.
+- ``fixed``: ``batched``, and the coordinator announces the iteration's fixed c in the ticket
+  counter (``protocol.announce_limit``, as the training-loop library does for every policy
+  but an online one): the rank that takes ticket c sets the cut itself, then closes the
+  counter (``protocol.cut_at_limit``).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from bdsgd.stages.engine import protocol as P
 
-MODES = ("direct", "batched")
+MODES = ("direct", "batched", "fixed")
 WARMUP = 2  # first iterations left out of the figures (connections and threads warming up)
 START_TIMEOUT_S = 300.0  # rank processes import torch and connect N clients (slow when loaded)
 STEP_TIMEOUT_S = 60.0  # any single wait on another process
@@ -119,7 +123,7 @@ class Cut:
     process's relay, which waits on the store once for all of them (``batched``)."""
 
     def __init__(self, setup: Setup, store) -> None:
-        self.relayed = setup.mode == "batched"
+        self.relayed = setup.mode != "direct"
         self.store = store  # the relay's client
         self.event = threading.Event()
 
@@ -142,17 +146,23 @@ class Cut:
 
 
 def rank_iteration(client: CountingStore, cut: Cut, w: int, t: int, runtime: float) -> tuple:
-    """One rank, one iteration: (ticket or 0, when it was taken, when the cut was seen)."""
-    start = time.perf_counter()
+    """One rank, one iteration: (ticket or 0, when it was taken, when the cut was seen, when
+    this rank set the cut or NaN) -- the rank that takes an announced c closes and cuts, as
+    ``Iteration._take_ticket`` of the training-loop library does."""
+    start, cut_set = time.perf_counter(), np.nan
     if cut.wait(client, t, runtime):  # cut before its gradient was ready
-        return 0, np.nan, time.perf_counter()
-    ticket = client.add(P.ticket_key(t), 1)
+        return 0, np.nan, time.perf_counter(), cut_set
+    ticket = P.decode_ticket(client.add(P.ticket_key(t), 1))
     taken = time.perf_counter()
-    if ticket < P.CLOSED:
-        client.set(P.arrival_key(t, ticket), f"{w},{runtime!r},{start!r}")
+    if not ticket.closed:
+        if ticket.number == ticket.limit:  # (protocol.cut_at_limit, timed after the cut)
+            client.set(P.cut_key(t), str(ticket.limit))
+            cut_set = time.perf_counter()
+            client.set(P.closed_key(t), str(P.close_tickets(client, t)))
+        client.set(P.arrival_key(t, ticket.number), f"{w},{runtime!r},{start!r}")
     if not cut.wait(client, t, None):
         raise TimeoutError(f"rank {w}: no cut of iteration {t}")
-    return ticket, taken, time.perf_counter()
+    return ticket.number if not ticket.closed else 0, taken, time.perf_counter(), cut_set
 
 
 def rank_thread(setup: Setup, port: int, cut, w, draws, gates, out, clients) -> None:
@@ -220,19 +230,27 @@ class Coordinator:
         self.setup, self.store = setup, CountingStore(store)
         policy = make_policy(f"static:{setup.cutoff}", setup.ranks)
         self.driver = IterationDriver(policy, setup.ranks)
-        self.batched = setup.mode == "batched"
+        self.batched = setup.mode != "direct"
+        self.fixed = setup.mode == "fixed"
 
     def iteration(self, t: int) -> tuple[int, float]:
-        """Iteration t's admission: the c it ended at and when its cut was set."""
-        self.driver.begin(np.ones(self.setup.ranks, dtype=bool))
+        """Iteration t's admission: the c it ended at and when it set the cut (NaN: the rank
+        holding ticket c did). ``fixed``: c is announced before the iteration starts."""
+        chosen = self.driver.begin(np.ones(self.setup.ranks, dtype=bool))
+        if self.fixed and chosen < self.setup.ranks:
+            P.announce_limit(self.store, t, chosen)
         ticket, c = 1, 0
         while not c:
             reports = self.read(t, ticket)
             c = self.hand_over(reports, ticket)
             ticket += len(reports)
-        total = self.store.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
-        self.store.set(P.cut_key(t), "cut")
-        cut_at = time.perf_counter()
+        value, cut_at = self.store.add(P.ticket_key(t), P.CLOSED), np.nan
+        if value < 2 * P.CLOSED:  # this close was the first
+            total = P.decode_ticket(value).number
+            self.store.set(P.cut_key(t), str(total))
+            cut_at = time.perf_counter()
+        else:
+            total = self.closed_at(t)
         late = self.read_many(t, ticket, total) if total >= ticket else []
         self.hand_over(late, ticket)
         self.driver.end()
@@ -243,8 +261,14 @@ class Coordinator:
         first = self.store.get(P.arrival_key(t, ticket))
         if not self.batched:
             return [first]
-        taken = self.store.add(P.ticket_key(t), 0)
+        counter = P.decode_ticket(self.store.add(P.ticket_key(t), 0))
+        taken = self.closed_at(t) if counter.closed else counter.number
         return [first, *self.read_many(t, ticket + 1, taken)] if taken > ticket else [first]
+
+    def closed_at(self, t: int) -> int:
+        """The tickets admitted when the rank holding ticket c closed the counter (it
+        publishes the count: tickets taken since still move the counter)."""
+        return int(self.store.get(P.closed_key(t)))
 
     def read_many(self, t: int, first: int, last: int) -> list[bytes]:
         keys = [P.arrival_key(t, k) for k in range(first, last + 1)]
@@ -305,7 +329,7 @@ def measure(setup: Setup) -> dict:
 
 def collect(setup: Setup, results) -> dict:
     """Every process's (ticket, taken, seen) per rank and iteration, and its round trips."""
-    out = np.zeros((setup.iterations, setup.ranks, 3))
+    out = np.zeros((setup.iterations, setup.ranks, 4))
     nodes = np.zeros((setup.iterations, setup.procs))
     trips = 0
     for _ in range(setup.procs):
@@ -316,8 +340,9 @@ def collect(setup: Setup, results) -> dict:
         out[:, ranks, :] = arr.transpose(1, 0, 2)
         nodes[:, proc] = node_seen
         trips += n
-    taken, seen = out[..., 1], out[..., 2]
-    return {"ticket": out[..., 0], "taken": taken, "seen": seen, "nodes": nodes, "trips": trips}
+    taken, seen, cut_set = out[..., 1], out[..., 2], out[..., 3]
+    return {"ticket": out[..., 0], "taken": taken, "seen": seen, "cut_set": cut_set,
+            "nodes": nodes, "trips": trips}  # fmt: skip
 
 
 def reap(procs) -> None:
@@ -336,7 +361,9 @@ def summarise(setup: Setup, coord: dict, ranks: dict, coord_trips: int, server_c
     c = coord["c"].astype(int)
     cth = np.array([ranks["taken"][t][ranks["ticket"][t] == c[t]][0] for t in range(len(c))])
     visible = (ranks["seen"].max(axis=1) - cth)[keep] * 1e3
-    decided = (coord["cut_at"] - cth)[keep] * 1e3
+    by_rank = np.min(np.where(np.isnan(ranks["cut_set"]), np.inf, ranks["cut_set"]), axis=1)
+    cut_at = np.where(np.isnan(coord["cut_at"]), by_rank, coord["cut_at"])
+    decided = (cut_at - cth)[keep] * 1e3
     at_nodes = (ranks["nodes"].max(axis=1) - cth)[keep] * 1e3
     t = setup.iterations
     return {
@@ -424,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--iterations", type=int, help="default 60, 20 with --quick")
     parser.add_argument("--procs", type=int, help="rank processes (default ranks/32, 1-4)")
-    parser.add_argument("--mode", choices=MODES, default="batched")
+    parser.add_argument("--mode", choices=MODES, default="fixed")
     parser.add_argument("--quick", action="store_true", help="20 iterations")
     parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -39,23 +40,37 @@ def kill_session(*procs: subprocess.Popen, wait_s: float = REAP_S) -> None:
 
 
 def finish_sessions(*procs: subprocess.Popen, timeout: float) -> list[subprocess.CompletedProcess]:
-    """Wait for each of ``procs`` in turn, at most ``timeout`` seconds each, collecting its
+    """Wait for all of ``procs`` at once, at most ``timeout`` seconds, collecting each one's
     output (until every process of its session holding its pipes closed them); then kill their
-    sessions, whatever they left running. A process still running after its ``timeout`` fails
-    the test with the end of its output."""
+    sessions, whatever they left running. The outputs are read together, each by a thread of
+    its own: read one after the other, a process that writes much (c10d logs two lines per
+    store wait that times out) filled its pipe while an earlier one was read, and stalled,
+    holding up every rank it works with. A process still running after ``timeout`` fails the
+    test with the end of its output."""
+    outputs: list[tuple | None] = [None] * len(procs)
+
+    def read(i: int, proc: subprocess.Popen) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # (None: still running)
+            outputs[i] = proc.communicate(timeout=timeout)
+
     try:
+        readers = [threading.Thread(target=read, args=(i, proc), daemon=True)
+                   for i, proc in enumerate(procs)]  # fmt: skip
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(timeout + REAP_S)
         done = []
-        for proc in procs:
-            try:
-                out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
+        for proc, output, reader in zip(procs, outputs, readers, strict=True):
+            if output is None:
                 kill_session(*procs)
+                reader.join(REAP_S)
                 out, err = _output_of_killed(proc)
                 pytest.fail(
                     f"still running after {timeout} s: {shlex.join(map(str, proc.args))}\n"
                     f"--- end of its stdout:\n{_tail(out)}\n--- end of its stderr:\n{_tail(err)}"
                 )
-            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, *output))
         return done
     finally:
         kill_session(*procs)

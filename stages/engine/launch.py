@@ -13,6 +13,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import pickle
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from bdsgd.stages.store import TraceStore, TraceWriter
 from bdsgd.stages.workloads import load_workload
 
 KILLED_EXIT_S = 30.0  # how long a SIGKILLed worker may take to exit (seconds on a loaded machine)
+FAILED_GRACE_S = 2.0  # after an error: how long the workers get to stop before they are killed
 MAX_PENDING_ROWS = 1 << 15  # trace rows the writer holds before it writes a file unasked
 
 VARIANTS = {
@@ -124,8 +126,13 @@ def run_engine(
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
         engine.janitor.close()
+        failed = sys.exc_info()[1] is not None  # (an error on its way to the caller)
         kill_unstarted(procs, c10d)
-        join_or_kill(procs, grace_s=max(10.0, cfg.timeout_s))  # a loaded machine is slow to stop
+        kill_declared_dead(procs, engine.dead_at)
+        # a loaded machine is slow to stop; after an error the workers may wait on a message
+        # the engine will not send (the parameters of the next iteration), and hold nothing
+        # the run still needs (the engine collected what they publish in finish)
+        join_or_kill(procs, grace_s=FAILED_GRACE_S if failed else max(10.0, cfg.timeout_s))
         close_records(engine, ckpt, start)
     return EngineResult(
         engine.log.rows,
@@ -225,6 +232,16 @@ def kill_unstarted(procs: list[mp.Process], c10d) -> None:
         with contextlib.suppress(Exception):
             if proc.is_alive() and not c10d.check([P.ready_key(w)]):
                 proc.kill()
+
+
+def kill_declared_dead(procs: list[mp.Process], dead: dict[int, int]) -> None:
+    """Workers the run declared dead (hung, or too slow to answer) are out of it: waiting for
+    them to stop cleanly would cost the grace period for nothing (a stopped process never
+    exits)."""
+    for w in dead:
+        if 0 <= w < len(procs) and procs[w].is_alive():
+            with contextlib.suppress(Exception):
+                procs[w].kill()
 
 
 def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:

@@ -52,8 +52,52 @@ def ready_key(worker: int) -> str:
 PARAMS_TAG = 1
 GRAD_TAG = 2
 ONLINE = 0  # the cutoff a sync iteration announces when the server decides c as gradients arrive
-CLOSED = 1 << 20  # added to an iteration's ticket counter to close it: later tickets exceed any c
+CLOSED = 1 << 40  # added to an iteration's ticket counter to close it: later tickets exceed any c
+LIMIT = 1 << 20  # a loop coordinator adds c * LIMIT to the counter to announce a fixed c
 STOP = "stop"
+
+
+class Ticket(NamedTuple):
+    """What one ``add`` on an iteration's ticket counter told the rank that took it."""
+
+    number: int  # this rank's place in the arrival order (1, 2, ...)
+    limit: int  # the fixed c announced in the counter before it (0: none, or not yet)
+    closed: bool  # the counter was closed before it: cut
+
+
+def decode_ticket(value: int) -> Ticket:
+    """The counter's value after an ``add``: the tickets taken in its low 20 bits, an
+    announced c (training loop, :func:`announce_limit`) above them, ``CLOSED`` once or twice
+    (a rank and the coordinator may both close) above that."""
+    return Ticket(value % LIMIT, (value % CLOSED) // LIMIT, value >= CLOSED)
+
+
+def announce_limit(store, t: int, c: int) -> None:
+    """Tell iteration t's ranks its fixed c through the ticket counter itself (no extra round
+    trip for them): the rank whose ticket is c cuts the iteration (:func:`cut_at_limit`), one
+    round trip after its ticket instead of after the coordinator's reads of c reports. A rank
+    that took its ticket before the announcement sees limit 0 and leaves the cut to the
+    coordinator."""
+    store.add(ticket_key(t), c * LIMIT)
+
+
+def cut_at_limit(store, t: int, c: int) -> None:
+    """What the holder of ticket c of an announced iteration does: set the cut (the ranks still
+    computing stop at once), close the counter (tickets taken until then are admitted, as at
+    the coordinator's close), and publish how many were admitted under :func:`closed_key`."""
+    store.set(cut_key(t), str(c))
+    store.set(closed_key(t), str(close_tickets(store, t)))
+
+
+def close_tickets(store, t: int) -> int:
+    """Close iteration t's counter; returns how many tickets were taken before (admitted)."""
+    return decode_ticket(store.add(ticket_key(t), CLOSED)).number
+
+
+def closed_key(t: int) -> str:
+    """How many tickets of iteration t were admitted, when a rank closed its counter (tickets
+    taken after a close still move the counter, so the count is kept here)."""
+    return f"closed/{t}"
 
 
 def go_key(t: int) -> str:

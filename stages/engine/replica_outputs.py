@@ -56,7 +56,8 @@ class ReplicaOutputs:
             self.replica = (int(P.decode_replica_state(blob)["steps"]), blob)
         evals(min(1.0, left()))
         for w in map(int, np.flatnonzero(live)):
-            if self.wait_published(P.digest_key(w), left):
+            # (stopped during start-up: a replica may still be starting, and publishes nothing)
+            if self.wait_published(P.digest_key(w), left if started else lambda: 0.0):
                 self.digests[w] = self.c10d.get(P.digest_key(w)).decode()
             if self.c10d.check([P.lag_key(w)]):
                 blob = self.c10d.get(P.lag_key(w)).decode()

@@ -7,7 +7,12 @@ Per iteration t it asks the policy for c when the rank it lives with begins t
 (an online policy revises c at each arrival, and at ticks while none comes). At the cut it closes
 the ticket counter (``n/<t>`` + ``CLOSED``: the ranks that took a ticket before are admitted,
 every later one is cut) and sets ``cut/<t>``, which the ranks still computing see at their next
-micro-batch. Arrivals exactly and the rest censored at the cut go to the policy, the trace rows
+micro-batch. When the policy's c is fixed for the iteration (any policy but an online one), the
+coordinator announces it in the ticket counter (:func:`~bdsgd.stages.engine.protocol.announce_limit`)
+and the rank that takes ticket c sets the cut itself, one round trip after its ticket, without
+waiting for the coordinator to read c reports (at 1,024 ranks that read
+left the cut ~10 ms behind the c-th arrival, ``benchmarks/control_plane.py``); the coordinator's
+own close then changes nothing. Arrivals exactly and the rest censored at the cut go to the policy, the trace rows
 (schema v1) and the iteration log, which the run directory keeps for ``bdsgd report``.
 """
 
@@ -140,18 +145,37 @@ class LoopCoordinator:
 
     def _iteration(self, t: int, began: float) -> None:
         live = np.ones(self.world, dtype=bool)
-        self.driver.begin(live)
+        c = self.driver.begin(live)
+        if not self.policy.online and c < self.world:  # the rank holding ticket c cuts
+            P.announce_limit(self.c10d, t, c)
         seen = self._watch(t, began)
-        admitted = self.c10d.add(P.ticket_key(t), P.CLOSED) - P.CLOSED
-        self.c10d.set(P.cut_key(t), str(admitted))
+        admitted = self._cut(t)
         reports = seen + self._reports(t, len(seen) + 1, admitted)
         for rep in reports[len(seen) :]:  # (after the cut: admitted, nothing left to revise)
             self.driver.arrive(rep.worker, rep.runtime_s, revise=False)
         outcome = self.driver.end()
         self._observed(t, began, outcome, reports)
         # deleted long after, from the janitor's thread: nothing in this loop per rank
-        self.janitor.retire([P.ticket_key(t), P.cut_key(t)]
+        self.janitor.retire([P.ticket_key(t), P.cut_key(t), P.closed_key(t)]
                             + [P.arrival_key(t, k) for k in range(1, admitted + 1)])  # fmt: skip
+
+    def _cut(self, t: int) -> int:
+        """Close iteration t's counter and set its cut (the number of tickets admitted), unless
+        the holder of ticket c closed it first: then it says how many were admitted (tickets
+        taken since count in the counter, not in the all-reduce)."""
+        value = self.c10d.add(P.ticket_key(t), P.CLOSED)
+        if value < 2 * P.CLOSED:
+            admitted = P.decode_ticket(value).number
+            self.c10d.set(P.cut_key(t), str(admitted))
+            return admitted
+        return self._closed_at(t)
+
+    def _closed_at(self, t: int) -> int:
+        """The tickets a rank admitted when it closed iteration t (it publishes the count)."""
+        if not P.wait_key(self.c10d, P.closed_key(t), self.cfg.timeout_s):
+            raise BdsgdError(f"the rank that closed iteration {t} gave no count within "
+                             f"{self.cfg.timeout_s:g} s")  # fmt: skip
+        return int(self.c10d.get(P.closed_key(t)))
 
     def _watch(self, t: int, began: float) -> list[WorkerReport]:
         """Take arrivals in ticket order until the policy cuts (or every rank arrived). A wait
@@ -168,8 +192,11 @@ class LoopCoordinator:
         return seen
 
     def _taken(self, t: int) -> int:
-        """How many tickets of iteration t are taken (at most one per rank)."""
-        return min(self.c10d.add(P.ticket_key(t), 0), self.world)
+        """How many tickets of iteration t are taken and admitted (at most one per rank):
+        once the holder of ticket c closed the counter, the later ones still count there but
+        are refused."""
+        ticket = P.decode_ticket(self.c10d.add(P.ticket_key(t), 0))
+        return min(self._closed_at(t) if ticket.closed else ticket.number, self.world)
 
     def _hand_over(self, seen: list[WorkerReport], reports: list[WorkerReport]) -> bool:
         """The reports read together, in ticket order, to ``seen`` and the driver (one revision

@@ -119,6 +119,7 @@ class Cutoff:
         self.rule: str | None = None
         self.planned_full = 0.0  # a rank's whole batch, samples (accumulate: the last seen)
         self.stop_requested = False
+        self.cuts_set = 0  # iterations this rank cut as the holder of their announced ticket c
         self.measure_only = cfg.policy == "full"  # no cut ever comes: ranks never look for one
         self.coordinator = self._start_coordinator()
         relay = not self.measure_only and wants_relay(cfg.cut_relay, machines)
@@ -427,15 +428,19 @@ class Iteration:
         return self.seen_cut
 
     def _take_ticket(self, runtime: float) -> bool:
-        """Arrive: a ticket below CLOSED admits this rank's gradient, and its report goes
-        under the ticket for the coordinator."""
+        """Arrive: a ticket taken before the counter was closed admits this rank's gradient,
+        and its report goes under the ticket for the coordinator. The holder of ticket c of an
+        iteration whose c was announced cuts it first (:func:`~bdsgd.stages.engine.protocol.cut_at_limit`)."""
         cut = self.cut
-        ticket = cut.c10d.add(P.ticket_key(self.t), 1)
-        if ticket >= P.CLOSED:
+        ticket = P.decode_ticket(cut.c10d.add(P.ticket_key(self.t), 1))
+        if ticket.closed:
             return False
+        if ticket.number == ticket.limit:
+            P.cut_at_limit(cut.c10d, self.t, ticket.limit)
+            cut.cuts_set += 1
         report = WorkerReport(cut.rank, self.t, self.began - cut.t0, runtime,
                               self.loss_mean(), self.delay_s)  # fmt: skip
-        cut.c10d.set(P.arrival_key(self.t, ticket), report.encode())
+        cut.c10d.set(P.arrival_key(self.t, ticket.number), report.encode())
         return True
 
 

@@ -27,7 +27,8 @@ def run_ranks(world: int, *args: str, script: Path = SCRIPT, env: dict | None = 
     port = free_port()
     envs = [{**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world),
              "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-             "OMP_NUM_THREADS": "1"} for rank in range(world)]  # fmt: skip
+             "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # (as bdsgd's own ranks)
+            for rank in range(world)]  # fmt: skip
     ranks = run_in_sessions([[sys.executable, str(script), *args]] * world, timeout=WAIT_S,
                             envs=envs, stderr=subprocess.STDOUT)  # fmt: skip
     return [(rank.returncode, rank.stdout) for rank in ranks]

@@ -117,6 +117,7 @@ def distributed(args) -> None:
     node = cut.node_cut  # where this rank looked for the cut, and what its relay passed on
     seen["local_view"] = node.view is not cut.c10d
     seen["relayed"] = node.relay.relayed if node.relay is not None else None
+    seen["cuts_set"] = cut.cuts_set
     write(args.result, rank, model, seen)
     dist.destroy_process_group()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import polars as pl
 import pytest
 import torch.distributed as dist
@@ -18,13 +19,30 @@ from bdsgd.stages.store import TraceStore
 WAIT_S = 60.0  # for the coordinator thread's cut, on a loaded machine
 
 
-def arrive(store, t: int, worker: int, runtime: float) -> int:
-    ticket = store.add(P.ticket_key(t), 1)
-    if ticket < P.CLOSED:
-        store.set(
-            P.arrival_key(t, ticket), WorkerReport(worker, t, 0.0, runtime, 0.5, 0.0).encode()
-        )
+def arrive(store, t: int, worker: int, runtime: float, report: bool = True) -> P.Ticket:
+    """A rank's arrival as ``Iteration._take_ticket`` makes it: the ticket, the close and cut
+    if it holds an announced c, and the report (``report=False``: left to :func:`report`)."""
+    ticket = P.decode_ticket(store.add(P.ticket_key(t), 1))
+    if ticket.closed:
+        return ticket
+    if ticket.number == ticket.limit:
+        P.cut_at_limit(store, t, ticket.limit)
+    if report:
+        write_report(store, t, ticket.number, worker, runtime)
     return ticket
+
+
+def write_report(store, t: int, number: int, worker: int, runtime: float) -> None:
+    store.set(P.arrival_key(t, number), WorkerReport(worker, t, 0.0, runtime, 0.5, 0.0).encode())
+
+
+def announced(store, t: int) -> int:
+    """The c the coordinator announced for iteration t (waiting for it)."""
+    deadline = time.monotonic() + WAIT_S
+    while not (limit := P.decode_ticket(store.add(P.ticket_key(t), 0)).limit):
+        assert time.monotonic() < deadline, f"no c announced for iteration {t}"
+        time.sleep(0.001)
+    return limit
 
 
 def wait_cut(store, t: int) -> int:
@@ -49,9 +67,9 @@ def test_static_cut_admits_the_first_two_tickets_and_censors_the_third(coordinat
     coord, store = coordinator
     for t in range(3):
         coord.begin(t, time.perf_counter())
-        assert arrive(store, t, 2, 0.02) == 1 and arrive(store, t, 1, 0.03) == 2
+        assert arrive(store, t, 2, 0.02).number == 1 and arrive(store, t, 1, 0.03).number == 2
         assert wait_cut(store, t) == 2
-        assert arrive(store, t, 0, 0.5) > P.CLOSED  # the late rank's ticket is refused
+        assert arrive(store, t, 0, 0.5).closed  # the late rank's ticket is refused
         coord.rank_values(t, end=time.perf_counter(), loss=0.5, lr=0.1)
     summary = coord.close(3)
     assert summary["iterations"] == 3 and summary["mean_c"] == 2.0
@@ -78,6 +96,41 @@ def test_a_ticket_taken_before_the_close_is_admitted_and_traced(coordinator, tmp
     assert coord.close(1)["mean_c"] == 3.0
     rows = TraceStore(tmp_path / "traces").read()
     assert not any(rows["censored"].to_list()) and rows["cutoff"].to_list() == [None] * 3
+
+
+def test_the_rank_holding_ticket_c_of_a_fixed_iteration_cuts_it(coordinator, tmp_path):
+    """static:2 announces c = 2 in the counter; the rank that takes ticket 2 cuts and closes
+    before its report is even written (so before the coordinator could), and a ticket taken
+    after that close is refused, though it moved the counter: the coordinator admits the two."""
+    coord, store = coordinator
+    coord.begin(0, time.perf_counter())
+    assert announced(store, 0) == 2
+    assert arrive(store, 0, 2, 0.02) == P.Ticket(1, 2, False)
+    assert arrive(store, 0, 1, 0.03, report=False) == P.Ticket(2, 2, False)
+    assert store.check([P.cut_key(0)]) and int(store.get(P.closed_key(0))) == 2
+    assert arrive(store, 0, 0, 0.5).closed
+    write_report(store, 0, 2, 1, 0.03)
+    coord.rank_values(0, end=time.perf_counter(), loss=0.5)
+    assert coord.close(1)["mean_c"] == 2.0
+    rows = TraceStore(tmp_path / "traces").read().sort("worker")
+    assert rows["censored"].to_list() == [True, False, False]
+
+
+def test_an_online_policy_announces_no_c(tmp_path):
+    store = dist.HashStore()
+    cfg = LoopConfig(policy="ecdf:online", traces=None)
+    coord = LoopCoordinator(cfg, store, 3, ["h0", "h1", "h2"], "run-o", "cpu")
+    for _ in range(20):  # a third rank 100 times slower: waiting for it never pays
+        coord.policy.observe(np.array([0.01, 0.01, 1.0]), np.zeros(3, dtype=bool))
+    coord.start(time.perf_counter())
+    try:
+        coord.begin(0, time.perf_counter())
+        tickets = [arrive(store, 0, w, x) for w, x in ((0, 0.01), (1, 0.01), (2, 1.0))]
+        wait_cut(store, 0)
+        assert coord.policy.online and coord.driver.chosen < 3
+        assert [tk.limit for tk in tickets] == [0, 0, 0]
+    finally:
+        coord.begins.put(None)
 
 
 def test_the_report_names_the_slow_ranks_a_loop_found(coordinator, tmp_path):

@@ -65,7 +65,8 @@ def load_initial() -> list:
 def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path, salvage, relay):
     """static:2 of 3 with rank 0 (which also runs the coordinator) far slower: every iteration
     applies the two fast ranks' batches (with salvage also rank 0's finished micro-batches),
-    rank 0's rows are censored, and the replicas stay identical. No rank is reserved. With the
+    rank 0's rows are censored, and the replicas stay identical. No rank is reserved. A fast
+    rank cuts (static:2's c is announced to the ranks). With the
     cut relayed (one host here, so forced), every rank looks for the cut in the local store,
     and rank 0's relay passed the cuts on."""
     steps = 4
@@ -85,6 +86,9 @@ def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path,
     assert seen[0]["world_size"] == 3
     assert seen[0]["cut"] == [True] * steps and seen[1]["cut"] == [False] * steps
     assert seen[0]["admitted"] == [2] * steps
+    # c = 2 is announced in the ticket counter: the fast rank holding ticket 2 cuts (in every
+    # iteration whose announcement came before that ticket), never the slow rank 0
+    assert seen[0]["cuts_set"] == 0 and 1 <= seen[1]["cuts_set"] + seen[2]["cuts_set"] <= steps
     samples = seen[1]["samples"]
     if salvage:  # rank 0 finished at least one 4-sample micro-batch before its first delay
         assert all(32 < s < 48 and s % 4 == 0 for s in samples), samples
