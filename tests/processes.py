@@ -48,10 +48,15 @@ def finish_sessions(*procs: subprocess.Popen, timeout: float) -> list[subprocess
     holding up every rank it works with. A process still running after ``timeout`` fails the
     test with the end of its output."""
     outputs: list[tuple | None] = [None] * len(procs)
+    errors: list[BaseException] = []
 
     def read(i: int, proc: subprocess.Popen) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):  # (None: still running)
+        try:
             outputs[i] = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass  # (None: still running)
+        except BaseException as exc:  # e.g. output that is not UTF-8: raised below, as itself
+            errors.append(exc)
 
     try:
         readers = [threading.Thread(target=read, args=(i, proc), daemon=True)
@@ -60,6 +65,8 @@ def finish_sessions(*procs: subprocess.Popen, timeout: float) -> list[subprocess
             reader.start()
         for reader in readers:
             reader.join(timeout + REAP_S)
+        if errors:
+            raise errors[0]
         done = []
         for proc, output, reader in zip(procs, outputs, readers, strict=True):
             if output is None:

@@ -13,7 +13,6 @@ import dataclasses
 import multiprocessing as mp
 import os
 import pickle
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,7 +107,7 @@ def run_engine(
     if resume:
         engine.load_state(resume)
     procs: list[mp.Process] = []
-    interrupted = False
+    interrupted = failed = False
     ckpt = None if run_dir is None else Checkpointer(run_dir, resume_segments(resume))
     # after a stop, what the workers run anyway is recorded, its rows shown, not judged again
     announced = _with_checkpoints(engine, _stop_ignored(on_iteration), ckpt)
@@ -123,10 +122,12 @@ def run_engine(
         # best effort: another Ctrl-C, or a failure, ends it with what it recorded so far
         with contextlib.suppress(KeyboardInterrupt, Exception):
             engine.run_announced(announced)
+    except BaseException:
+        failed = True  # an error on its way to the caller
+        raise
     finally:
         engine.finish(max(engine.current, start))  # also during start-up
         engine.janitor.close()
-        failed = sys.exc_info()[1] is not None  # (an error on its way to the caller)
         kill_unstarted(procs, c10d)
         kill_declared_dead(procs, engine.dead_at)
         # a loaded machine is slow to stop; after an error the workers may wait on a message

@@ -65,6 +65,9 @@ class Ticket(NamedTuple):
     closed: bool  # the counter was closed before it: cut
 
 
+MAX_RANKS = LIMIT - 1  # tickets and an announced c each fit in the counter's low 20 bits
+
+
 def decode_ticket(value: int) -> Ticket:
     """The counter's value after an ``add``: the tickets taken in its low 20 bits, an
     announced c (training loop, :func:`announce_limit`) above them, ``CLOSED`` once or twice
@@ -118,8 +121,10 @@ def arrival_key(t: int, ticket: int) -> str:
 
 
 def cut_key(t: int) -> str:
-    """Exists once iteration t has its c gradients: stragglers abandon it. Holds the cut's
-    wall time (``repr(time.time())``)."""
+    """Exists once iteration t has its c gradients: stragglers abandon it. Its value is not
+    read by bdsgd: the engines write the cut's wall time (``repr(time.time())``), a training
+    loop's coordinator the tickets admitted, the rank that cuts at an announced c that c (the
+    admitted count is under :func:`closed_key`)."""
     return f"cut/{t}"
 
 

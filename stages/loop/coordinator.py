@@ -53,6 +53,9 @@ class LoopCoordinator:
                  device: str) -> None:  # fmt: skip
         # a connection of its own: a TCPStore client serves one blocking call at a time, and the
         # rank's loop on the other thread takes its tickets through the same store
+        if world > P.MAX_RANKS:
+            raise BdsgdError(f"a training loop of {world} ranks: bdsgd's ticket counter holds "
+                             f"at most {P.MAX_RANKS}")  # fmt: skip
         self.cfg, self.c10d, self.world = cfg, own_connection(c10d), world
         self.hosts, self.run_id, self.device = list(hosts), run_id, device
         self.policy = make_policy(cfg.policy, world, cfg.checkpoint, self.hosts, seed=cfg.seed,

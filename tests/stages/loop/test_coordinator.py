@@ -131,6 +131,7 @@ def test_an_online_policy_announces_no_c(tmp_path):
         assert [tk.limit for tk in tickets] == [0, 0, 0]
     finally:
         coord.begins.put(None)
+        coord.thread.join(WAIT_S)
 
 
 def test_the_report_names_the_slow_ranks_a_loop_found(coordinator, tmp_path):
