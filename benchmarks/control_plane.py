@@ -435,8 +435,8 @@ def render(rows: list[dict]) -> str:
         f"c10d TCPStore on loopback and the coordinator (static c = {setup.c_frac:.0%} of N); "
         f"run-times log-normal around {setup.base_s * 1e3:g} ms (spread {setup.sigma}), "
         f"{setup.p_slow:.0%} stragglers x{setup.slow_factor:g}. `cut visible`: from the c-th "
-        "ticket taken to the last rank seeing the cut; `cut set`: to the coordinator's "
-        "`set(cut/<t>)` returning.",
+        "ticket taken to the last rank seeing the cut; `cut set`: to `set(cut/<t>)` returning "
+        "(the coordinator's, or in `fixed` the one of the rank holding ticket c).",
         "",
         "| " + " | ".join(h for _, h in COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
