@@ -158,7 +158,7 @@ def rank_iteration(client: CountingStore, cut: Cut, w: int, t: int, runtime: flo
         if ticket.number == ticket.limit:  # (protocol.cut_at_limit, timed after the cut)
             client.set(P.cut_key(t), str(ticket.limit))
             cut_set = time.perf_counter()
-            client.set(P.closed_key(t), str(P.close_tickets(client, t)))
+            client.set(P.closed_key(t), str(P.close_tickets(client, t)[0]))
         client.set(P.arrival_key(t, ticket.number), f"{w},{runtime!r},{start!r}")
     if not cut.wait(client, t, None):
         raise TimeoutError(f"rank {w}: no cut of iteration {t}")
@@ -244,9 +244,8 @@ class Coordinator:
             reports = self.read(t, ticket)
             c = self.hand_over(reports, ticket)
             ticket += len(reports)
-        value, cut_at = self.store.add(P.ticket_key(t), P.CLOSED), np.nan
-        if value < 2 * P.CLOSED:  # this close was the first
-            total = P.decode_ticket(value).number
+        (total, first), cut_at = P.close_tickets(self.store, t), np.nan
+        if first:
             self.store.set(P.cut_key(t), str(total))
             cut_at = time.perf_counter()
         else:
@@ -261,14 +260,12 @@ class Coordinator:
         first = self.store.get(P.arrival_key(t, ticket))
         if not self.batched:
             return [first]
-        counter = P.decode_ticket(self.store.add(P.ticket_key(t), 0))
-        taken = self.closed_at(t) if counter.closed else counter.number
+        taken = counted(t, P.tickets_admitted(self.store, t, STEP_TIMEOUT_S))
         return [first, *self.read_many(t, ticket + 1, taken)] if taken > ticket else [first]
 
     def closed_at(self, t: int) -> int:
-        """The tickets admitted when the rank holding ticket c closed the counter (it
-        publishes the count: tickets taken since still move the counter)."""
-        return int(self.store.get(P.closed_key(t)))
+        """The tickets admitted when the rank holding ticket c closed the counter."""
+        return counted(t, P.closed_count(self.store, t, STEP_TIMEOUT_S))
 
     def read_many(self, t: int, first: int, last: int) -> list[bytes]:
         keys = [P.arrival_key(t, k) for k in range(first, last + 1)]
@@ -285,6 +282,12 @@ class Coordinator:
             if self.driver.arrive(int(w), float(runtime)) and not ended:
                 ended = k
         return ended
+
+
+def counted(t: int, count: int | None) -> int:
+    if count is None:
+        raise TimeoutError(f"no count of iteration {t}'s tickets from the rank that closed it")
+    return count
 
 
 def coordinate(setup: Setup, store, coordinator: Coordinator) -> dict:

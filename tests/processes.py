@@ -43,10 +43,9 @@ def finish_sessions(*procs: subprocess.Popen, timeout: float) -> list[subprocess
     """Wait for all of ``procs`` at once, at most ``timeout`` seconds, collecting each one's
     output (until every process of its session holding its pipes closed them); then kill their
     sessions, whatever they left running. The outputs are read together, each by a thread of
-    its own: read one after the other, a process that writes much (c10d logs two lines per
-    store wait that times out) filled its pipe while an earlier one was read, and stalled,
-    holding up every rank it works with. A process still running after ``timeout`` fails the
-    test with the end of its output."""
+    its own, so that no process can block on a full pipe while an earlier one is read (ranks
+    that wait on each other would then stall together). A process still running after
+    ``timeout`` fails the test with the end of its output."""
     outputs: list[tuple | None] = [None] * len(procs)
     errors: list[BaseException] = []
 

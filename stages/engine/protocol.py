@@ -87,14 +87,35 @@ def announce_limit(store, t: int, c: int) -> None:
 def cut_at_limit(store, t: int, c: int) -> None:
     """What the holder of ticket c of an announced iteration does: set the cut (the ranks still
     computing stop at once), close the counter (tickets taken until then are admitted, as at
-    the coordinator's close), and publish how many were admitted under :func:`closed_key`."""
+    the coordinator's close), and publish how many were admitted under :func:`closed_key`
+    (unless the coordinator closed first, after its wait for arrivals timed out)."""
     store.set(cut_key(t), str(c))
-    store.set(closed_key(t), str(close_tickets(store, t)))
+    admitted, first = close_tickets(store, t)
+    if first:
+        store.set(closed_key(t), str(admitted))
 
 
-def close_tickets(store, t: int) -> int:
-    """Close iteration t's counter; returns how many tickets were taken before (admitted)."""
-    return decode_ticket(store.add(ticket_key(t), CLOSED)).number
+def close_tickets(store, t: int) -> tuple[int, bool]:
+    """Close iteration t's counter: (how many tickets were taken before it, whether this close
+    was the first). After an earlier close the count also holds the tickets refused since:
+    the admitted count is then the first closer's (:func:`closed_count`)."""
+    value = store.add(ticket_key(t), CLOSED)
+    return decode_ticket(value).number, value < 2 * CLOSED
+
+
+def closed_count(store, t: int, timeout_s: float) -> int | None:
+    """The tickets of iteration t admitted when a rank closed its counter (:func:`cut_at_limit`
+    publishes it right after its close), waiting up to ``timeout_s``; None if none came."""
+    if not wait_key(store, closed_key(t), timeout_s):
+        return None
+    return int(store.get(closed_key(t)))
+
+
+def tickets_admitted(store, t: int, timeout_s: float) -> int | None:
+    """Tickets of iteration t taken and admitted so far: the counter's, or, once a rank closed
+    it, that rank's count (tickets taken after a close still move the counter)."""
+    counter = decode_ticket(store.add(ticket_key(t), 0))
+    return closed_count(store, t, timeout_s) if counter.closed else counter.number
 
 
 def closed_key(t: int) -> str:

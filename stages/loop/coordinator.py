@@ -166,19 +166,18 @@ class LoopCoordinator:
         """Close iteration t's counter and set its cut (the number of tickets admitted), unless
         the holder of ticket c closed it first: then it says how many were admitted (tickets
         taken since count in the counter, not in the all-reduce)."""
-        value = self.c10d.add(P.ticket_key(t), P.CLOSED)
-        if value < 2 * P.CLOSED:
-            admitted = P.decode_ticket(value).number
+        admitted, first = P.close_tickets(self.c10d, t)
+        if first:
             self.c10d.set(P.cut_key(t), str(admitted))
             return admitted
-        return self._closed_at(t)
+        return self._counted(t, P.closed_count(self.c10d, t, self.cfg.timeout_s))
 
-    def _closed_at(self, t: int) -> int:
-        """The tickets a rank admitted when it closed iteration t (it publishes the count)."""
-        if not P.wait_key(self.c10d, P.closed_key(t), self.cfg.timeout_s):
+    def _counted(self, t: int, count: int | None) -> int:
+        """A count of iteration t's tickets that may wait on the rank that closed it."""
+        if count is None:
             raise BdsgdError(f"the rank that closed iteration {t} gave no count within "
                              f"{self.cfg.timeout_s:g} s")  # fmt: skip
-        return int(self.c10d.get(P.closed_key(t)))
+        return count
 
     def _watch(self, t: int, began: float) -> list[WorkerReport]:
         """Take arrivals in ticket order until the policy cuts (or every rank arrived). A wait
@@ -195,11 +194,9 @@ class LoopCoordinator:
         return seen
 
     def _taken(self, t: int) -> int:
-        """How many tickets of iteration t are taken and admitted (at most one per rank):
-        once the holder of ticket c closed the counter, the later ones still count there but
-        are refused."""
-        ticket = P.decode_ticket(self.c10d.add(P.ticket_key(t), 0))
-        return min(self._closed_at(t) if ticket.closed else ticket.number, self.world)
+        """How many tickets of iteration t are taken and admitted (at most one per rank)."""
+        admitted = P.tickets_admitted(self.c10d, t, self.cfg.timeout_s)
+        return min(self._counted(t, admitted), self.world)
 
     def _hand_over(self, seen: list[WorkerReport], reports: list[WorkerReport]) -> bool:
         """The reports read together, in ticket order, to ``seen`` and the driver (one revision
