@@ -22,6 +22,7 @@ import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.loop.config import LoopConfig
+from bdsgd.stages.loop.group_exit import release_default_group
 from bdsgd.stages.loop.rank import Cutoff
 from bdsgd.stages.workloads import (
     Workload,
@@ -86,8 +87,15 @@ def rank_main(spec: RankSpec) -> None:
         report_failure(store, spec.rank, exc)
         raise SystemExit(1) from None
     finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        end_group()
+
+
+def end_group() -> None:
+    """Destroy the process group, released first (a group that outlives this aborts the rank at
+    exit: :mod:`~bdsgd.stages.loop.group_exit`); a group already broken is no error here."""
+    with contextlib.suppress(Exception):
+        release_default_group()
+        dist.destroy_process_group()
 
 
 def report_failure(store: dist.Store, rank: int, exc: BaseException) -> None:
@@ -112,8 +120,7 @@ def run_torchrun_rank(job: LoopJob) -> dict | None:
     try:
         return run_rank(job, device)
     finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        end_group()
 
 
 def run_rank(job: LoopJob, device: torch.device, progress: dist.Store | None = None):

@@ -32,6 +32,7 @@ from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
 from bdsgd.stages.ids import new_run_id
 from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule, source_of
+from bdsgd.stages.loop.group_exit import release_default_group
 from bdsgd.stages.loop.relay import NodeCut, wants_relay
 from bdsgd.stages.loop.timing import ComputeTimer
 from bdsgd.stages.safe_load import load_plain, save_atomic
@@ -225,6 +226,7 @@ class Cutoff:
                       f"cut in {slow['cut_share']:.0%} of iterations", file=sys.stderr)  # fmt: skip
         dist.barrier()
         self.node_cut.close()
+        release_default_group()  # (else the group outlives destroy_process_group: group_exit)
         return summary
 
     # -- internals ------------------------------------------------------------------------------

@@ -25,6 +25,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def failed_nodes(nodes) -> str:
+    """Each failing node's exit status and stderr (the end of a long one): torchrun's own
+    report of a failed rank is long, and the rank's error comes before it."""
+    return "\n".join(f"--- node {i} exited {n.returncode}:\n{n.stderr[-12000:]}"
+                     for i, n in enumerate(nodes) if n.returncode != 0)  # fmt: skip
+
+
 def test_from_env_reads_torchrun_variables(monkeypatch):
     for k, v in dict(
         RANK="2",
@@ -84,7 +91,7 @@ def test_train_under_torchrun_two_nodes(tmp_path, engine):
         "--json",
     ]
     nodes = run_in_sessions([cmd, cmd], timeout=120)  # each torchrun and every rank it started
-    assert [n.returncode for n in nodes] == [0, 0], "".join(n.stderr[-2000:] for n in nodes)
+    assert [n.returncode for n in nodes] == [0, 0], failed_nodes(nodes)
     lines = [line for n in nodes for line in n.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # only the server rank prints the summary
     summary = json.loads(lines[0])
@@ -113,7 +120,7 @@ def test_train_engine_loop_under_torchrun_trains_on_every_rank(tmp_path):
            "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
            "--stragglers", "synthetic:base_s=0.005", "--timeout", "60", "--json"]  # fmt: skip
     node = run_in_session(cmd, timeout=300)
-    assert node.returncode == 0, node.stderr[-3000:]
+    assert node.returncode == 0, failed_nodes([node])
     lines = [line for line in node.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1
     summary = json.loads(lines[0])

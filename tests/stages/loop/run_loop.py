@@ -6,13 +6,16 @@ writes what it saw to ``--result``/rank<r>.json."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine.protocol import open_store
+from bdsgd.stages.loop.group_exit import held_defaults
 from torch.utils.data import DataLoader, TensorDataset
 
 import bdsgd
@@ -118,8 +121,21 @@ def distributed(args) -> None:
     seen["local_view"] = node.view is not cut.c10d
     seen["relayed"] = node.relay.relayed if node.relay is not None else None
     seen["cuts_set"] = cut.cuts_set
-    write(args.result, rank, model, seen)
+    # AdamW's construction imported torch.distributed.nn after the group (its defaults held it)
+    seen["held_after_close"] = held_defaults()
     dist.destroy_process_group()
+    gc.collect()
+    seen["gloo_threads_after_destroy"] = gloo_threads()
+    write(args.result, rank, model, seen)
+
+
+def gloo_threads() -> int | None:
+    """Threads of this process that gloo's process group runs (None without /proc)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None
+    names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
+    return sum(name.startswith(("pt_gloo", "gloo_")) for name in names)
 
 
 def write(result: str, rank: int, model, seen: dict) -> None:

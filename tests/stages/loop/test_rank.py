@@ -46,10 +46,19 @@ def test_full_policy_is_the_whole_batch_step_of_one_process(tmp_path):
                     str(tmp_path / "s")], check=True, timeout=120)  # fmt: skip
     r0, r1, ref = load(tmp_path / "d", 0), load(tmp_path / "d", 1), load(tmp_path / "s", 0)
     assert r0["params"] == r1["params"]
+    group_released(r0, r1)
     assert r0["world_size"] == 2 and r0["admitted"] == [2] * 5 and r0["samples"] == [32.0] * 5
     np.testing.assert_allclose(flat(r0["params"]), flat(ref["params"]), rtol=0, atol=1e-3)
     moved = np.abs(flat(r0["params"]) - flat(load_initial())).max()
     assert moved > 20 * 1e-3  # the tolerance is small beside what five steps move
+
+
+def group_released(*ranks) -> None:
+    """cut.close() handed back the group that AdamW's import of torch.distributed.nn captured:
+    destroy_process_group then ended gloo's threads (else they abort a rank at exit)."""
+    for seen in ranks:
+        assert seen["held_after_close"] == 0
+        assert seen["gloo_threads_after_destroy"] in (0, None)
 
 
 def load_initial() -> list:
@@ -83,6 +92,7 @@ def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path,
         assert seen[0]["relayed"] is None
     assert seen[1]["relayed"] is None and seen[2]["relayed"] is None
     assert seen[0]["params"] == seen[1]["params"] == seen[2]["params"]
+    group_released(*seen)
     assert seen[0]["world_size"] == 3
     assert seen[0]["cut"] == [True] * steps and seen[1]["cut"] == [False] * steps
     assert seen[0]["admitted"] == [2] * steps
