@@ -9,6 +9,7 @@ import argparse
 import math
 
 import torch
+import torch.distributed.nn  # noqa: F401 (before the group, else it outlives it: docs/library.md)
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
