@@ -1,8 +1,8 @@
 """The fitted model on disk: one versioned file that ``torch.load(path, weights_only=True)`` reads.
 
 Contents (plain dict): ``format``, ``version``, ``model_config`` (dict), ``state_dict``,
-``norm`` ({"loc", "scale"}, and for a fit that anchors each run at its level ``anchored`` and
-``level_sd``: ``bdsgd.stages.model.data``), ``worker_ids`` / ``host_names`` (embedding row i + 1 holds entry i;
+``norm`` ({"loc", "scale"}, and for a fit that anchors each run at its level ``anchored``,
+``level_sd`` and ``level_dof``: ``bdsgd.stages.model.data``), ``worker_ids`` / ``host_names`` (embedding row i + 1 holds entry i;
 row 0 is "unknown"), ``worker_hosts`` (the host each id last ran on), ``default_hosts`` (the
 latest run's worker set, by position = worker id), ``fit_config``, ``summary`` (steps,
 val_nll, baseline_nll, calibration, traces, workers) and ``common`` ([shift, sd, widen,
@@ -51,6 +51,7 @@ MAX_ABS_LOC = 100.0
 SCALE_RANGE = (1e-6, 100.0)
 """Its spread of log run-times (fit floors it at 1e-3): outside, y or x over- or underflows."""
 MAX_LEVEL_SD = 1e3
+MAX_LEVEL_DOF = 1_000_000  # (the fitted runs less one)
 """Largest spread of the fitted runs' levels (normalised units) a checkpoint may hold."""
 
 
@@ -221,6 +222,8 @@ def norm_dict(norm: Normaliser) -> dict:
     out = {"loc": float(norm.loc), "scale": float(norm.scale)}
     if norm.anchored:
         out.update(anchored=True, level_sd=float(norm.level_sd))
+        if norm.level_dof:
+            out["level_dof"] = int(norm.level_dof)
     return out
 
 
@@ -232,12 +235,15 @@ def _normaliser(norm: dict) -> Normaliser:
     anchored, level_sd = bool(norm.get("anchored", False)), float(norm.get("level_sd", 0.0))
     if not 0.0 <= level_sd <= MAX_LEVEL_SD:
         raise ValueError(f"norm level_sd {level_sd} is not in 0..{MAX_LEVEL_SD:g}")
+    level_dof = norm.get("level_dof", 0)  # (absent: a normal, as fits before the t wrote)
+    if not isinstance(level_dof, int) or not 0 <= level_dof <= MAX_LEVEL_DOF:
+        raise ValueError(f"norm level_dof {level_dof!r} is not an integer in 0..{MAX_LEVEL_DOF}")
     if not abs(loc) <= MAX_ABS_LOC:
         raise ValueError(f"norm loc {loc} is not a finite number within +-{MAX_ABS_LOC:g}")
     low, high = SCALE_RANGE
     if not low <= scale <= high:
         raise ValueError(f"norm scale {scale} is not in {low:g}..{high:g}")
-    return Normaliser(loc, scale, anchored, level_sd)
+    return Normaliser(loc, scale, anchored, level_sd, level_dof)
 
 
 def _common(saved) -> tuple[float, float, float, float]:

@@ -64,12 +64,14 @@ MIN_VAR = 1e-4
 class Normaliser:
     """``y = (log x - loc) / scale``; ``anchored``: ``loc`` is replaced by each run's anchor
     once its first iteration is seen (the module docstring), and before that a run's level is
-    drawn about ``loc`` with sd ``level_sd`` (normalised units)."""
+    drawn about ``loc``: ``level_sd`` times a Student's t with ``level_dof`` degrees of freedom
+    (a normal for 0), normalised units."""
 
     loc: float
     scale: float
     anchored: bool = False
     level_sd: float = 0.0
+    level_dof: int = 0  # t's degrees of freedom for the level before the anchor (0: a normal)
 
     @staticmethod
     def fit(runs: list[RunMatrix], anchored: bool = False) -> Normaliser:
@@ -87,15 +89,18 @@ class Normaliser:
         scale = max(float(np.std(logs)) if logs.size > 1 else 1.0, 1e-3)
         if not anchored:
             return Normaliser(float(np.median(logs)), scale)
-        level_sd = float(np.std(anchors)) / scale if len(anchors) > 1 else 0.0
-        return Normaliser(float(np.median(anchors)), scale, True, level_sd)
+        k = len(anchors)
+        if k < 2:
+            return Normaliser(float(np.median(anchors)), scale, True)
+        level_sd = float(np.std(anchors, ddof=1)) * math.sqrt(1.0 + 1.0 / k) / scale
+        return Normaliser(float(np.median(anchors)), scale, True, level_sd, k - 1)
 
     def normalise(self, runtimes: np.ndarray) -> np.ndarray:
         return (np.log(runtimes) - self.loc) / self.scale
 
     def at(self, anchor: float) -> Normaliser:
         """This normalisation about a run's ``anchor`` (log seconds): the run's level is known."""
-        return Normaliser(anchor, self.scale, self.anchored, 0.0)
+        return Normaliser(anchor, self.scale, self.anchored)
 
     def for_run(self, run: RunMatrix) -> Normaliser:
         """The normalisation of ``run``: about its anchor where anchored, else this one."""

@@ -10,8 +10,8 @@ far (:class:`Arrivals`). Per-worker emission parameters are computed once, at co
 A checkpoint whose fit anchored each run at its own level (``bdsgd.stages.model.data``) is used
 the same way: the first iteration ``observe`` is given sets the run's anchor, before anything is
 normalised, so everything after is predicted relative to the level the run showed. The draws of
-that first iteration carry the run's unknown level: one shared ``N(0, level_sd^2)`` shift per
-draw. Its x_(c) does not move the online spread (it measures the fitted runs' levels, not the
+that first iteration carry the run's unknown level: one shared shift per draw, ``level_sd``
+times a Student's t with ``level_dof`` degrees of freedom (:mod:`bdsgd.stages.model.data`). Its x_(c) does not move the online spread (it measures the fitted runs' levels, not the
 spread the predictor will draw with once anchored).
 """
 
@@ -31,6 +31,7 @@ from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
 
 DEFAULT_PARTICLES = 64
+LEVEL_T_CLIP = 8.0  # a run's unknown level: at most 8 level_sd from the fitted median
 CONSTANTS = ("shift", "jump", "widen", "log_pi", "log_1m_pi")  # WorkerParams fields Arrivals uses
 
 
@@ -139,11 +140,22 @@ class RuntimePredictor:
         z_next = loc + scale * self.rng.standard_normal(loc.shape, dtype=np.float32)
         loc, scale = self.nets.emission(z_next, self.base)
         shift, sd, widen, _ = self.common
-        sd = math.hypot(sd, self.norm.level_sd)  # before the anchor: the run's unknown level
+        if self.norm.level_dof:  # before the anchor: the run's unknown level, Student's t
+            level = shift + sd * self.rng.standard_normal((num_samples, 1), dtype=np.float32)
+            level += self.norm.level_sd * self.level_t(num_samples)
+            loc = loc.add_(torch.from_numpy(level.astype(np.float32)))
+            return loc, scale if widen == 1.0 else scale.mul_(widen)
+        sd = math.hypot(sd, self.norm.level_sd)  # (a normal: a checkpoint without level_dof)
         if shift or sd:  # the recalibration's shared slowdown, one per draw
             level = shift + sd * self.rng.standard_normal((num_samples, 1), dtype=np.float32)
             loc = loc.add_(torch.from_numpy(level))
         return loc, scale if widen == 1.0 else scale.mul_(widen)
+
+    def level_t(self, num_samples: int) -> np.ndarray:
+        """(S, 1) draws of Student's t with the checkpoint's ``level_dof``, clipped at
+        +-:data:`LEVEL_T_CLIP` (with few fitted runs its tails would draw absurd levels)."""
+        t = self.rng.standard_t(self.norm.level_dof, (num_samples, 1))
+        return np.clip(t, -LEVEL_T_CLIP, LEVEL_T_CLIP)
 
     @torch.inference_mode()
     def sample(self, num_samples: int) -> torch.Tensor:

@@ -165,6 +165,8 @@ CRAFTED = {
     "nan recalibration": (_set("common", value=[float("nan"), 0.0, 1.0, 1.0]), "common"),
     "negative widening": (_set("common", value=[0.0, 0.0, -1.0, 1.0]), "common"),
     "nan level spread": (_set("norm", "level_sd", value=float("nan")), "norm level_sd nan"),
+    "negative level dof": (_set("norm", "level_dof", value=-1), "norm level_dof -1"),
+    "fractional level dof": (_set("norm", "level_dof", value=2.5), "norm level_dof 2.5"),
 }
 
 
@@ -227,9 +229,12 @@ def test_an_anchored_normalisation_round_trips_and_an_older_file_reads_unanchore
     torch.manual_seed(0)
     model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
     vocab = Vocab((0, 1, 2, 3), ("a", "b"))
-    norm = Normaliser(-3.0, 0.5, anchored=True, level_sd=0.8)
+    norm = Normaliser(-3.0, 0.5, anchored=True, level_sd=0.8, level_dof=3)
     ckpt = Checkpoint(model, norm, vocab, ("a", "b", "a", "b"), {}, {})
     assert load_checkpoint(save_checkpoint(tmp_path / "m.pt", ckpt)).norm == norm
+    normal = dataclasses.replace(ckpt, norm=dataclasses.replace(norm, level_dof=0))
+    payload = torch.load(save_checkpoint(tmp_path / "n.pt", normal), weights_only=True)
+    assert "level_dof" not in payload["norm"]  # as an anchored file before the t reads
     older = dataclasses.replace(ckpt, norm=Normaliser(-3.0, 0.5))
     payload = torch.load(save_checkpoint(tmp_path / "old.pt", older), weights_only=True)
     assert set(payload["norm"]) == {"loc", "scale"}  # what a file before the anchor holds

@@ -126,7 +126,11 @@ def test_an_anchored_normalisation_sees_every_run_relative_to_its_first_iteratio
     first = np.median(np.log(runs[0].runtimes[0]))
     assert norm.anchored and np.isclose(norm.loc, first - np.log(0.5) + np.log(2.0) / 2)
     assert norm.scale < 0.5 * plain.scale  # the spread within runs, not between their levels
-    assert np.isclose(norm.level_sd * norm.scale, np.std(np.log([0.5, 1.0, 2.0, 4.0])))
+    # a new run's level given four fitted ones: Student's t, 3 degrees of freedom, scale the
+    # anchors' sample sd times sqrt(1 + 1/4)
+    anchors_sd = np.std(np.log([0.5, 1.0, 2.0, 4.0]), ddof=1)
+    assert np.isclose(norm.level_sd * norm.scale, anchors_sd * np.sqrt(1.25))
+    assert norm.level_dof == 3 and norm.at(0.0).level_dof == 0 == norm.at(0.0).level_sd
     idx = torch.arange(1, 41)
     ys = [to_tensors(r, norm, idx, idx).y for r in runs]
     assert abs(np.median(ys[0][0].numpy())) < 1e-5

@@ -8,7 +8,7 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
 from bdsgd.stages.model.data import Normaliser
-from bdsgd.stages.model.predictor import load_predictor, log_ndtr32, ndtri_exp32
+from bdsgd.stages.model.predictor import LEVEL_T_CLIP, load_predictor, log_ndtr32, ndtri_exp32
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
 
@@ -170,11 +170,11 @@ def test_remaining_keeps_the_waiting_workers_in_index_order(tmp_path):
     assert medians[0] > 1.3 * medians[1] and medians[2] > 1.3 * medians[1]
 
 
-def _anchored_checkpoint(tmp_path, level_sd=0.0):
+def _anchored_checkpoint(tmp_path, level_sd=0.0, level_dof=0):
     torch.manual_seed(0)
     model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=4, z_dim=4, hidden=16))
     vocab = Vocab((0, 1, 2, 3), ("a", "b", "c", "d"), {0: "a", 1: "b", 2: "c", 3: "d"})
-    norm = Normaliser(np.log(1.0), 0.3, anchored=True, level_sd=level_sd)
+    norm = Normaliser(np.log(1.0), 0.3, anchored=True, level_sd=level_sd, level_dof=level_dof)
     ckpt = Checkpoint(model, norm, vocab, ("a", "b", "c", "d"), {}, {})
     return save_checkpoint(tmp_path / "m.pt", ckpt)
 
@@ -206,6 +206,22 @@ def test_before_its_first_iteration_a_run_level_is_drawn_with_the_fitted_levels_
     wide, wide_after = level_spread(2.0)
     assert wide > tight + 0.4 and np.isclose(wide**2 - tight**2, (2.0 * 0.3) ** 2, rtol=0.3)
     assert abs(wide_after - tight_after) < 0.05  # anchored: the level is known
+
+
+def test_with_few_fitted_runs_a_new_runs_level_is_drawn_from_a_students_t(tmp_path):
+    """level_dof = 3 (four fitted runs): the first iteration's draws put far more of their
+    levels beyond 2.5 level_sd than a normal does (t_3: 8.8%, normal: 1.2%), none beyond the
+    clip, and the checkpoint keeps the degrees of freedom."""
+
+    def levels(level_dof):
+        pred = load_predictor(_anchored_checkpoint(tmp_path, 1.0, level_dof), seed=1)
+        assert pred.norm.level_dof == level_dof
+        level = np.log(pred.sample(4096).numpy()).mean(axis=1)
+        return np.abs(level - np.median(level)) / 0.3  # in level_sd (1.0 normalised)
+
+    normal, t3 = levels(0), levels(3)
+    assert np.mean(normal > 2.5) < 0.03 and np.mean(t3 > 2.5) > 0.05
+    assert t3.max() < LEVEL_T_CLIP + 1.0
 
 
 def test_the_float32_normal_tails_agree_with_scipys_float64():
