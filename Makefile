@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15  # (the slowest, for keeping CI within its 15 minutes)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -190,7 +190,12 @@ class PsWorker(WorkerProcess):
             if announced == P.STOP:
                 return
             self.join_generation(int(announced))
-            t = self.iteration()
+            try:
+                t = self.iteration()
+            except (RuntimeError, dist.DistError):  # (gloo's own errors are RuntimeError)
+                if run_ended(self.c10d, t):
+                    return  # cut in the last iteration and left behind: the run is done
+                raise
 
     def join_generation(self, generation: int) -> None:
         if generation != self.generation:
@@ -254,6 +259,17 @@ def wait_announcement(
     if not P.wait_key(store, P.go_key(t), wait_s):
         raise TimeoutError(f"worker {w}: no word from the engine for {wait_s:g}s")
     return store.get(P.go_key(t)).decode()
+
+
+def run_ended(store: dist.Store, t: int) -> bool:
+    """Whether the server stopped the run after iteration t (it announces the stop before it
+    closes the group): a worker cut in the run's last iteration finds the group closed while it
+    still waits for that iteration's parameters, and has not failed (under torchrun a failing
+    rank fails its node). False when the store cannot tell."""
+    try:
+        return store.check([P.go_key(t + 1)]) and store.get(P.go_key(t + 1)).decode() == P.STOP
+    except (RuntimeError, dist.DistError):
+        return False
 
 
 def check_member(spec: WorkerSpec, members: list[int]) -> None:
