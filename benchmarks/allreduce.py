@@ -10,6 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.loop.group_exit import release_default_group
 from bdsgd.stages.workloads import load_workload
 
 
@@ -43,6 +44,7 @@ def _worker(
         opt.step()
     if rank == 0:
         q.put(iterations / (time.perf_counter() - start))
+    release_default_group()  # (the optimizer's import of torch.distributed.nn held the group)
     dist.destroy_process_group()
 
 
