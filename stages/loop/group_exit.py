@@ -30,9 +30,9 @@ FUNCTIONAL = "torch.distributed.nn.functional"
 def release_default_group() -> int:
     """Replace every default argument of :data:`FUNCTIONAL`'s functions that holds the current
     default process group with None; returns how many it replaced."""
-    replaced = 0
-    for fn, group in _holders():
-        replaced += sum(d is group for d in fn.__defaults__)
+    group, functions = _holders()
+    replaced = held_defaults()
+    for fn in functions:
         fn.__defaults__ = tuple(None if d is group else d for d in fn.__defaults__)
     return replaced
 
@@ -40,15 +40,16 @@ def release_default_group() -> int:
 def held_defaults() -> int:
     """How many default arguments of :data:`FUNCTIONAL`'s functions hold the current default
     process group (0 when the module is not loaded or no group is initialised)."""
-    return sum(sum(d is group for d in fn.__defaults__) for fn, group in _holders())
+    group, functions = _holders()
+    return sum(d is group for fn in functions for d in fn.__defaults__)
 
 
-def _holders() -> list:
-    """(function, the default group) for each of :data:`FUNCTIONAL`'s functions with a default
-    argument that holds the group."""
+def _holders() -> tuple[object, list]:
+    """The default group and :data:`FUNCTIONAL`'s functions with a default argument that holds
+    it (none when the module is not loaded or no group is initialised)."""
     module = sys.modules.get(FUNCTIONAL)
     if module is None or not dist.is_initialized():
-        return []
+        return None, []
     group = dist.group.WORLD
     functions = [fn for fn in vars(module).values() if isinstance(fn, types.FunctionType)]
-    return [(fn, group) for fn in functions if any(d is group for d in fn.__defaults__ or ())]
+    return group, [fn for fn in functions if any(d is group for d in fn.__defaults__ or ())]

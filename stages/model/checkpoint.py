@@ -51,8 +51,9 @@ MAX_ABS_LOC = 100.0
 SCALE_RANGE = (1e-6, 100.0)
 """Its spread of log run-times (fit floors it at 1e-3): outside, y or x over- or underflows."""
 MAX_LEVEL_SD = 1e3
-MAX_LEVEL_DOF = 1_000_000  # (the fitted runs less one)
 """Largest spread of the fitted runs' levels (normalised units) a checkpoint may hold."""
+MAX_LEVEL_DOF = 1_000_000
+"""Largest degrees of freedom of the t a run's level is drawn from (the fitted runs less one)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ def _normaliser(norm: dict) -> Normaliser:
     if not 0.0 <= level_sd <= MAX_LEVEL_SD:
         raise ValueError(f"norm level_sd {level_sd} is not in 0..{MAX_LEVEL_SD:g}")
     level_dof = norm.get("level_dof", 0)  # (absent: a normal, as fits before the t wrote)
-    if not isinstance(level_dof, int) or not 0 <= level_dof <= MAX_LEVEL_DOF:
+    if type(level_dof) is not int or not 0 <= level_dof <= MAX_LEVEL_DOF:  # (not a bool)
         raise ValueError(f"norm level_dof {level_dof!r} is not an integer in 0..{MAX_LEVEL_DOF}")
     if not abs(loc) <= MAX_ABS_LOC:
         raise ValueError(f"norm loc {loc} is not a finite number within +-{MAX_ABS_LOC:g}")

@@ -11,8 +11,9 @@ A checkpoint whose fit anchored each run at its own level (``bdsgd.stages.model.
 the same way: the first iteration ``observe`` is given sets the run's anchor, before anything is
 normalised, so everything after is predicted relative to the level the run showed. The draws of
 that first iteration carry the run's unknown level: one shared shift per draw, ``level_sd``
-times a Student's t with ``level_dof`` degrees of freedom (:mod:`bdsgd.stages.model.data`). Its x_(c) does not move the online spread (it measures the fitted runs' levels, not the
-spread the predictor will draw with once anchored).
+times a Student's t with ``level_dof`` degrees of freedom (:mod:`bdsgd.stages.model.data`).
+Its x_(c) does not move the online spread (it measures the fitted runs' levels, not the spread
+the predictor will draw with once anchored).
 """
 
 from __future__ import annotations
@@ -139,23 +140,28 @@ class RuntimePredictor:
         loc, scale = self.nets.transition(z)
         z_next = loc + scale * self.rng.standard_normal(loc.shape, dtype=np.float32)
         loc, scale = self.nets.emission(z_next, self.base)
-        shift, sd, widen, _ = self.common
-        if self.norm.level_dof:  # before the anchor: the run's unknown level, Student's t
-            level = shift + sd * self.rng.standard_normal((num_samples, 1), dtype=np.float32)
-            level += self.norm.level_sd * self.level_t(num_samples)
-            loc = loc.add_(torch.from_numpy(level.astype(np.float32)))
-            return loc, scale if widen == 1.0 else scale.mul_(widen)
-        sd = math.hypot(sd, self.norm.level_sd)  # (a normal: a checkpoint without level_dof)
-        if shift or sd:  # the recalibration's shared slowdown, one per draw
-            level = shift + sd * self.rng.standard_normal((num_samples, 1), dtype=np.float32)
+        level = self._level(num_samples)
+        if level is not None:
             loc = loc.add_(torch.from_numpy(level))
+        widen = self.common[2]
         return loc, scale if widen == 1.0 else scale.mul_(widen)
 
-    def level_t(self, num_samples: int) -> np.ndarray:
-        """(S, 1) draws of Student's t with the checkpoint's ``level_dof``, clipped at
-        +-:data:`LEVEL_T_CLIP` (with few fitted runs its tails would draw absurd levels)."""
-        t = self.rng.standard_t(self.norm.level_dof, (num_samples, 1))
-        return np.clip(t, -LEVEL_T_CLIP, LEVEL_T_CLIP)
+    def _level(self, num_samples: int) -> np.ndarray | None:
+        """(S, 1) float32 shared log-slowdown of each draw, or None for none: the
+        recalibration's N(shift, sd^2) and, before the run's anchor, its unknown level
+        (``level_sd`` times a t with ``level_dof`` degrees of freedom clipped at
+        +-:data:`LEVEL_T_CLIP`, or, for a checkpoint without ``level_dof``, a normal)."""
+        shift, sd, _, _ = self.common
+        norm, size = self.norm, (num_samples, 1)
+        if not norm.level_dof:
+            sd = math.hypot(sd, norm.level_sd)
+        if not (shift or sd or norm.level_dof):
+            return None
+        level = shift + sd * self.rng.standard_normal(size, dtype=np.float32)
+        if norm.level_dof:
+            t = np.clip(self.rng.standard_t(norm.level_dof, size), -LEVEL_T_CLIP, LEVEL_T_CLIP)
+            level = (level + norm.level_sd * t).astype(np.float32)
+        return level
 
     @torch.inference_mode()
     def sample(self, num_samples: int) -> torch.Tensor:

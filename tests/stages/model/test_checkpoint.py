@@ -167,6 +167,7 @@ CRAFTED = {
     "nan level spread": (_set("norm", "level_sd", value=float("nan")), "norm level_sd nan"),
     "negative level dof": (_set("norm", "level_dof", value=-1), "norm level_dof -1"),
     "fractional level dof": (_set("norm", "level_dof", value=2.5), "norm level_dof 2.5"),
+    "boolean level dof": (_set("norm", "level_dof", value=True), "norm level_dof True"),
 }
 
 
