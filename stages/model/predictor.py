@@ -282,6 +282,7 @@ class Arrivals:
         self.num_hosts = logit.size
         self.added: np.ndarray | None = None  # the arrivals already summed into seen_arrived
         self.seen_arrived = np.zeros(0)
+        self.mixed = self.mixed_sum = np.zeros(0)  # see arrived_terms
 
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
@@ -305,17 +306,28 @@ class Arrivals:
     def arrived_terms(self, y: np.ndarray, arrived: np.ndarray) -> np.ndarray:
         """(P, 2, G) per host: log p(what its arrived workers showed | draw p, jump j). Arrivals
         only grow within an iteration, so the sums are kept and only new arrivals are added (the
-        revision that ends an iteration costs what its last arrival costs, not all N)."""
+        revision that ends an iteration costs what its last arrival costs, not all N). Kept with
+        them: ``mixed`` (P, G), each host's term with its jump summed out, and ``mixed_sum``
+        (P,), their sum over hosts, so that a revision weighs the draws by updating only the
+        hosts it waits on (a host with no arrival yet has mixed 0: log(1 - rho + rho))."""
         if self.added is None or (self.added & ~arrived).any():  # first call, or not a superset
             self.added = np.zeros(arrived.shape, dtype=bool)
             self.seen_arrived = np.zeros((self.loc.shape[0], 2, self.num_hosts))
+            self.mixed = np.zeros((self.loc.shape[0], self.num_hosts))
+            self.mixed_sum = np.zeros(self.loc.shape[0])
         new, hosts, starts, _ = self.grouped(arrived & ~self.added)
         if new.size:
             means, sds, logw = self.components(new)
             dens = -0.5 * ((y[new, None] - means) / sds) ** 2 - np.log(sds) + logw
             terms = np.logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, 2)
             summed = np.add.reduceat(terms, starts, axis=1).transpose(0, 2, 1)
-            self.seen_arrived[:, :, hosts] += summed
+            seen = self.seen_arrived[:, :, hosts] + summed
+            self.seen_arrived[:, :, hosts] = seen
+            mixed = np.logaddexp(
+                seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
+            )
+            self.mixed_sum += (mixed - self.mixed[:, hosts]).sum(-1)
+            self.mixed[:, hosts] = mixed
             self.added[new] = True
         return self.seen_arrived
 
@@ -330,11 +342,13 @@ class Arrivals:
         log_surv = log_ndtr32((means - np.float32(y_now)) / sds)
         weighted = log_surv + logw
         out = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])  # log P(still out | p, j)
-        per_host = self.arrived_terms(y, arrived).copy()  # (P, 2, G)
-        per_host[:, :, hosts] += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
-        calm, jump = per_host[:, 0] + self.log_calm, per_host[:, 1] + self.log_jump
-        pick = self.pick_draws(np.logaddexp(calm, jump).sum(-1))
-        p_jump = 1.0 / (1.0 + np.exp(calm[:, hosts] - jump[:, hosts]))  # (P, hosts waited on)
+        seen = self.arrived_terms(y, arrived)[:, :, hosts]  # (P, 2, hosts waited on)
+        seen += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
+        calm, jump = seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
+        # every other host's term is as the arrivals left it (mixed_sum)
+        joint = self.mixed_sum - self.mixed[:, hosts].sum(-1) + np.logaddexp(calm, jump).sum(-1)
+        pick = self.pick_draws(joint)
+        p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, hosts waited on)
         jumped = self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host
         # flat indices into the (P, n, 2) arrays of each sample's draw, worker and jump (the
         # host mates of a sample share its jump), then into the (P, n, 4) ones of its component

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from bdsgd.stages.model.draw_nets import DrawNets
+from bdsgd.stages.model.draw_nets import EXP_SAFE, DrawNets, softplus
 from bdsgd.stages.model.runtime_model import EmissionBase, ModelConfig, RuntimeModel
 
 
@@ -46,3 +46,12 @@ def test_emission_matches_the_module_to_float32_rounding() -> None:
     assert got_loc.shape == loc.shape == (32, 12)
     torch.testing.assert_close(got_loc, loc, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_scale, scale, rtol=1e-5, atol=1e-5)
+
+
+def test_softplus_matches_torch_below_and_above_the_exp_limit() -> None:
+    # exp then log1p where every entry is safe; torch's own once one could overflow
+    x = torch.linspace(-60.0, 60.0, 4001).reshape(1, -1)
+    torch.testing.assert_close(softplus(x), torch.nn.functional.softplus(x), rtol=2e-6, atol=1e-7)
+    big = torch.cat([x, torch.tensor([[EXP_SAFE + 20.0]])], 1)
+    out = softplus(big)
+    assert torch.isfinite(out).all() and float(out[0, -1]) == EXP_SAFE + 20.0

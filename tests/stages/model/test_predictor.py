@@ -148,10 +148,19 @@ def test_arrivals_sum_only_new_arrivals_and_match_a_fresh_start(tmp_path):
     order = [np.array([True, False, False, False]), np.array([True, False, True, True])]
     for arrived in order:
         pred.remaining(0.061, np.where(arrived, x, 0.0), arrived, ~arrived)
-    kept = pred._arrivals.seen_arrived.copy()
+    kept = [getattr(pred._arrivals, k).copy() for k in ("seen_arrived", "mixed", "mixed_sum")]
     pred._arrivals.added = None  # forget: sum every arrival at once
     pred.remaining(0.061, np.where(order[1], x, 0.0), order[1], ~order[1])
-    np.testing.assert_allclose(kept, pred._arrivals.seen_arrived)
+    arrivals = pred._arrivals
+    np.testing.assert_allclose(kept[0], arrivals.seen_arrived)
+    # each host's term with its jump summed out, and their sum, as computed from the sums afresh
+    fresh = np.logaddexp(
+        arrivals.seen_arrived[:, 0] + arrivals.log_calm,
+        arrivals.seen_arrived[:, 1] + arrivals.log_jump,
+    )
+    np.testing.assert_allclose(kept[1], fresh, atol=1e-9)
+    np.testing.assert_allclose(kept[2], fresh.sum(-1), atol=1e-9)
+    assert np.abs(kept[2]).min() > 0.1  # the arrivals moved it (0 before any)
     fewer = np.array([False, False, True, False])
     draws = pred.remaining(0.06, np.where(fewer, x, 0.0), fewer, ~fewer)
     assert pred._arrivals.added.tolist() == fewer.tolist() and draws.shape == (64, 3)
