@@ -120,19 +120,28 @@ def ready_key(proc: int) -> str:
 # -- the ranks --------------------------------------------------------------------------------
 class Cut:
     """How a rank learns of iteration t's cut: on the store itself (``direct``), or from its
-    process's relay, which waits on the store once for all of them (``batched``)."""
+    node's relay, which waits on the store once for all of them (``batched``, ``fixed``).
 
-    def __init__(self, setup: Setup, store) -> None:
+    The relay is a process of its own (:func:`relay_process`), as the node's first rank is in
+    the training-loop library: in the emulation's node process it would share the GIL with the
+    node's hundreds of rank threads and see the cut only when Python handed it over (every
+    5 ms). It sends (t, when it saw the cut) down a pipe; :meth:`relay` takes that in the node
+    process and wakes the ranks (``direct``: the ranks wait on the store themselves; the relay
+    is one more waiter, for the measurement)."""
+
+    def __init__(self, setup: Setup, conn) -> None:
         self.relayed = setup.mode != "direct"
-        self.store = store  # the relay's client
+        self.conn = conn  # the relay process's end: (t, when the relay saw cut/<t>)
         self.event = threading.Event()
 
     def relay(self, t: int, seen: list[float]) -> None:
-        """The relay's part of iteration t (its own thread): wait for the cut, note when it
-        came (``seen[t]``: when the node has it) and wake the ranks (``direct``: the ranks wait
-        themselves; the relay is one more waiter, for the measurement)."""
-        self.store.wait([P.cut_key(t)], timeout())
-        seen[t] = time.perf_counter()
+        """The node process's part of iteration t (its own thread): the relay's word that the
+        cut is in (``seen[t]``: when the relay saw it), then wake the ranks."""
+        if not self.conn.poll(STEP_TIMEOUT_S):
+            raise TimeoutError(f"no word from the relay of iteration {t}'s cut")
+        got, seen[t] = self.conn.recv()
+        if got != t:
+            raise RuntimeError(f"the relay saw iteration {got}'s cut, expected {t}")
         self.event.set()
 
     def reset(self) -> None:
@@ -143,6 +152,18 @@ class Cut:
         if self.relayed:
             return self.event.wait(STEP_TIMEOUT_S if seconds is None else seconds)
         return P.wait_key(client, P.cut_key(t), STEP_TIMEOUT_S if seconds is None else seconds)
+
+
+def relay_process(setup: Setup, port: int, conn) -> None:
+    """A node's relay: its own store client waits for each iteration's cut in turn and sends
+    (t, when it came) to the node's rank process. Ends after the last iteration, or at a wait
+    that times out (the node process then times out too, and says so)."""
+    store = P.open_store(setup.host, port, False, STEP_TIMEOUT_S)
+    conn.send((-1, time.perf_counter()))  # connected
+    for t in range(setup.iterations):
+        store.wait([P.cut_key(t)], timeout(START_TIMEOUT_S if t == 0 else STEP_TIMEOUT_S))
+        conn.send((t, time.perf_counter()))
+    conn.close()
 
 
 def rank_iteration(client: CountingStore, cut: Cut, w: int, t: int, runtime: float) -> tuple:
@@ -182,11 +203,15 @@ def rank_thread(setup: Setup, port: int, cut, w, draws, gates, out, clients) -> 
 
 
 def rank_process(setup: Setup, port: int, proc: int, ranks: list[int], results) -> None:
-    """One "node": a thread per rank, each with its own store client, and an agent that starts
-    every iteration for them (and relays the cut)."""
+    """One "node": a thread per rank, each with its own store client, an agent that starts
+    every iteration for them, and the node's relay (a process, :class:`Cut`)."""
     threading.stack_size(512 * 1024)
     agent = P.open_store(setup.host, port, False, STEP_TIMEOUT_S)
-    cut = Cut(setup, P.open_store(setup.host, port, False, STEP_TIMEOUT_S))
+    here, there = mp.get_context("spawn").Pipe(duplex=False)
+    relay = mp.get_context("spawn").Process(target=relay_process, args=(setup, port, there))
+    relay.start()
+    there.close()
+    cut = Cut(setup, here)
     gates = (threading.Barrier(len(ranks) + 1), threading.Barrier(len(ranks) + 1))
     outs, clients = [[None] * setup.iterations for _ in ranks], []
     node_seen = [np.nan] * setup.iterations
@@ -196,6 +221,9 @@ def rank_process(setup: Setup, port: int, proc: int, ranks: list[int], results) 
         threading.Thread(target=rank_thread, args=args, daemon=True).start()
     try:
         gates[0].wait(START_TIMEOUT_S)
+        if not here.poll(START_TIMEOUT_S):  # the relay connected
+            raise TimeoutError(f"node {proc}: its relay did not connect")
+        here.recv()
         agent.set(ready_key(proc), "1")
         for t in range(setup.iterations):
             agent.wait([P.go_key(t)], timeout(START_TIMEOUT_S if t == 0 else STEP_TIMEOUT_S))
@@ -204,6 +232,7 @@ def rank_process(setup: Setup, port: int, proc: int, ranks: list[int], results) 
     finally:
         for gate in gates:
             gate.abort()
+        reap([relay])
     trips = sum(c.trips for c in clients)
     results.put((proc, ranks, np.array(outs, dtype=float), np.array(node_seen), trips))
 
