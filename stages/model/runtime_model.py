@@ -50,6 +50,7 @@ import numpy as np
 import pyro
 import torch
 from bdsgd.stages.model.data import NUM_FEATURES, RunTensors
+from bdsgd.stages.model.gru import gru_sequence
 from bdsgd.stages.model.latent_path import FilteredPath, MarkovPath
 from torch import nn
 from torch.nn import functional as F
@@ -428,8 +429,7 @@ class Encoder(nn.Module):
     def forward(self, data: RunTensors, emb: torch.Tensor) -> torch.Tensor:
         """(B, L, N) window -> (B, L, hidden) filtered GRU states."""
         g = self.pooled(data.y, data.censored, data.present, data.ewma, self.embed(emb))
-        h0 = self.h0.expand(1, g.shape[0], -1).contiguous()
-        return self.gru(g, h0)[0]
+        return gru_sequence(self.gru, g, self.h0.expand(g.shape[0], -1))
 
 
 class RuntimeModel(nn.Module):
