@@ -8,9 +8,11 @@ backward pass:
 
 - recomputes every step's gates at once from the outputs (one product for the input side and
   one for the recurrent side, over all steps),
-- walks back through time with the few operations that depend on the step before
-  (:func:`_back_through_time`: six elementwise products and one ``addmm`` a step),
+- walks back through time with what depends on the step before (:func:`_back_through_time`:
+  an add, one product into five gradients and one ``addmm`` a step),
 - takes the weights' gradients as one product each over all steps.
+
+A whole fit's GRU forward and backward went from 6.7 to 4.4 ms (docs/benchmarks.md).
 
 PyTorch's GRU (``torch.nn.GRU``)::
 

@@ -26,7 +26,9 @@ def test_outputs_and_every_gradient_match_nn_gru():
     ours = gru_sequence(gru, x, h0)
     theirs = gru(x, h0.unsqueeze(0))[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
-    for a, b in zip(_grads(ours, gru, x, h0, weights), _grads(theirs, gru, x, h0, weights)):
+    ours_g, theirs_g = _grads(ours, gru, x, h0, weights), _grads(theirs, gru, x, h0, weights)
+    assert len(ours_g) == len(theirs_g) == 6
+    for a, b in zip(ours_g, theirs_g, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
@@ -41,7 +43,9 @@ def test_float32_matches_to_rounding():
     gru, x, h0 = _case(torch.float32, batch=16, steps=48, size=(64, 64))
     weights = torch.randn(16, 48, 64)
     ours, theirs = gru_sequence(gru, x, h0), gru(x, h0.unsqueeze(0))[0]
-    for a, b in zip(_grads(ours, gru, x, h0, weights), _grads(theirs, gru, x, h0, weights)):
+    ours_g, theirs_g = _grads(ours, gru, x, h0, weights), _grads(theirs, gru, x, h0, weights)
+    assert len(ours_g) == len(theirs_g) == 6
+    for a, b in zip(ours_g, theirs_g, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)  # sums of 768 terms
 
 
