@@ -51,6 +51,7 @@ import pyro
 import torch
 from bdsgd.stages.model.data import NUM_FEATURES, RunTensors
 from bdsgd.stages.model.gru import gru_sequence
+from bdsgd.stages.model.guide_path import draw_path
 from bdsgd.stages.model.latent_path import FilteredPath, MarkovPath
 from torch import nn
 from torch.nn import functional as F
@@ -123,23 +124,14 @@ class Combiner(nn.Module):
         scale_t noise_t in order, loc_t, scale_t = forward(z_{t-1}, h_t); returns the path,
         loc and scale (M, L, K).
 
-        The same maths as :meth:`forward` with fewer operations per step (each one a node the
-        backward pass visits): h's share of loc and scale, (U h_t) / 2 + b, is taken for every t
-        at once and split by t in one call, loc and scale come from one product, and the
-        weights are transposed once."""
+        The same maths as :meth:`forward`: h's share of loc and scale, (U h_t) / 2 + b, is
+        taken for every t at once, loc and scale come from one product, and the steps run
+        unrecorded, with a backward pass written out (:mod:`bdsgd.stages.model.guide_path`)."""
         out = torch.cat([self.to_loc.weight, self.to_scale.weight])  # (2K, hidden)
         from_h = F.linear(0.5 * h, out, torch.cat([self.to_loc.bias, self.to_scale.bias]))
-        out_t, in_t = 0.5 * out.T.contiguous(), self.z_to_hidden.weight.T.contiguous()
-        z, steps, locs, scales = z0.expand(noise.shape[0], -1), [], [], []
-        for h_part, eps in zip(from_h.unbind(-2), noise.unbind(-2), strict=True):
-            hidden = torch.tanh(torch.addmm(self.z_to_hidden.bias, z, in_t))
-            loc, scale_pre = torch.addmm(h_part, hidden, out_t).chunk(2, dim=-1)
-            scale = F.softplus(scale_pre) + 1e-3
-            z = torch.addcmul(loc, scale, eps)
-            steps.append(z)
-            locs.append(loc)
-            scales.append(scale)
-        return torch.stack(steps, -2), torch.stack(locs, -2), torch.stack(scales, -2)
+        z0 = z0.expand(noise.shape[0], -1)
+        w_in, b_in = self.z_to_hidden.weight.T, self.z_to_hidden.bias
+        return draw_path(z0, from_h, noise, w_in, b_in, 0.5 * out.T)
 
 
 @dataclass(frozen=True)
