@@ -58,7 +58,8 @@ class FitConfig:
     """SVI steps (one mini-batch of windows each). 2000 rather than 1000: on a held-out cluster
     whose hosts slow down gradually (not in jumps) the online policy gained 1.2-1.9 points of
     oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit at N=32,
-    T=2000 takes 65-75 CPU seconds on 2 cores, 4 minutes at N=256."""
+    T=2000 takes 58-66 CPU seconds on one core of this project's 2-core machine (docs/benchmarks.md),
+    about 4 minutes at N=256."""
     seed: int = 0
     """Seeds parameter initialisation, window sampling and evaluation."""
     init: Path | None = None
