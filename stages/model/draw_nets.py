@@ -69,7 +69,8 @@ EXP_SAFE = 80.0  # float32's exp overflows above 88.7
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
     """log(1 + e^x), as torch's softplus to float32 rounding: exp then log1p (torch's CPU
-    softplus took 1.7x as long at 64 x 1,024), torch's own where some entry could overflow."""
-    if x.numel() and float(x.max()) < EXP_SAFE:
+    softplus took 1.7x as long at 64 x 1,024), torch's own where some entry could overflow or
+    a gradient is wanted (the log1p is taken in place)."""
+    if not x.requires_grad and x.numel() and float(x.max()) < EXP_SAFE:
         return x.exp().log1p_()
     return F.softplus(x)

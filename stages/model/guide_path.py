@@ -17,6 +17,7 @@ gradient against the recorded loop in float64.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 SCALE_FLOOR = 1e-3
@@ -46,25 +47,30 @@ class _DrawPath(torch.autograd.Function):
         loc, s = pre.split(k, -1)
         scale = F.softplus(s) + SCALE_FLOOR
         ctx.save_for_backward(path, hid, s, noise, w_in, w_out)
-        return (
-            path[1:].transpose(0, 1).contiguous(),
-            loc.transpose(0, 1).contiguous(),
-            scale.transpose(0, 1).contiguous(),
+        return tuple(  # copies (never views of the saved buffers), batch first
+            v.transpose(0, 1).clone(memory_format=torch.contiguous_format)
+            for v in (path[1:], loc, scale)
         )
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, d_path, d_loc, d_scale):
         path, hid, s, noise, w_in, w_out = ctx.saved_tensors
         steps, m, k = s.shape
+        d_loc = _time_first(d_loc, s)
         d_pre, d_tin, d_z0 = _back_through_time(
-            _time_first(d_path, s), _time_first(d_loc, s), _time_first(d_scale, s),
+            _time_first(d_path, s), d_loc, _time_first(d_scale, s),
             noise.transpose(0, 1), torch.sigmoid(s), 1.0 - hid * hid, w_in, w_out,
         )  # fmt: skip
         d_pre_flat, d_tin_flat = d_pre.reshape(steps * m, -1), d_tin.reshape(steps * m, -1)
+        d_noise = None
+        if ctx.needs_input_grad[2]:  # z_t = loc_t + scale_t eps_t: dz_t scale_t
+            d_z = d_pre[..., :k] - d_loc  # the loc part is d_loc + dz
+            d_noise = (d_z * (F.softplus(s) + SCALE_FLOOR)).transpose(0, 1)
         return (
             d_z0,
             d_pre.transpose(0, 1),
-            None,
+            d_noise,
             path[:-1].reshape(steps * m, k).T @ d_tin_flat,
             d_tin_flat.sum(0),
             hid.reshape(steps * m, -1).T @ d_pre_flat,

@@ -328,6 +328,8 @@ class Arrivals:
             )
             self.mixed_sum += (mixed - self.mixed[:, hosts]).sum(-1)
             self.mixed[:, hosts] = mixed
+            if not np.isfinite(self.mixed_sum).all():  # a term at -inf: (-inf) - (-inf)
+                self.mixed_sum = self.mixed.sum(-1)
             self.added[new] = True
         return self.seen_arrived
 
@@ -346,7 +348,13 @@ class Arrivals:
         seen += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
         calm, jump = seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
         # every other host's term is as the arrivals left it (mixed_sum)
-        joint = self.mixed_sum - self.mixed[:, hosts].sum(-1) + np.logaddexp(calm, jump).sum(-1)
+        with np.errstate(invalid="ignore"):
+            others = self.mixed_sum - self.mixed[:, hosts].sum(-1)
+        if not np.isfinite(others).all():  # a term at -inf: sum the other hosts afresh
+            rest = np.ones(self.num_hosts, dtype=bool)
+            rest[hosts] = False
+            others = self.mixed[:, rest].sum(-1)
+        joint = others + np.logaddexp(calm, jump).sum(-1)
         pick = self.pick_draws(joint)
         p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, hosts waited on)
         jumped = self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host

@@ -413,8 +413,8 @@ class Encoder(nn.Module):
         add took 0.9 ms more, forward and backward, at 16 x 48 x 32 x 64), and the weighted
         mean as a batched product (weights (1, N) x (N, hidden)) rather than a product and a
         sum over a (..., N, hidden) tensor."""
-        shown = present.float()
-        x = torch.stack([y, (y - ewma) * shown, censored.float()], dim=-1)
+        shown = present.to(y.dtype)
+        x = torch.stack([y, (y - ewma) * shown, censored.to(y.dtype)], dim=-1)
         lead, n, hidden = x.shape[:-2], x.shape[-2], emb_proj.shape[-1]
         x = x.reshape(-1, n, 3)
         terms = (2 * (emb_proj + self.inputs.bias)).expand(*lead, n, hidden).reshape(-1, n, hidden)

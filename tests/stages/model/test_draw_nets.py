@@ -55,3 +55,9 @@ def test_softplus_matches_torch_below_and_above_the_exp_limit() -> None:
     big = torch.cat([x, torch.tensor([[EXP_SAFE + 20.0]])], 1)
     out = softplus(big)
     assert torch.isfinite(out).all() and float(out[0, -1]) == EXP_SAFE + 20.0
+
+
+def test_softplus_with_a_gradient_wanted_gives_torchs_gradient() -> None:
+    x = torch.linspace(-5.0, 5.0, 11, requires_grad=True)
+    (grad,) = torch.autograd.grad(softplus(x).sum(), [x])
+    torch.testing.assert_close(grad, torch.sigmoid(x.detach()))

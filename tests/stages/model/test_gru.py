@@ -53,3 +53,10 @@ def test_refuses_a_gru_it_does_not_cover():
     gru = torch.nn.GRU(3, 2, num_layers=2, batch_first=True)
     with pytest.raises(ValueError, match="one layer"):
         gru_sequence(gru, torch.zeros(1, 2, 3), torch.zeros(1, 2))
+
+
+def test_a_second_derivative_is_refused_not_wrong():
+    gru, x, h0 = _case(batch=2, steps=3, size=(3, 2))
+    (g,) = torch.autograd.grad(gru_sequence(gru, x, h0).sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        torch.autograd.grad(g.sum(), [x])

@@ -61,3 +61,21 @@ def test_float32_at_a_fits_size_matches_to_rounding():
     ours, theirs = combiner.draw(z0, h, noise), recorded_draw(combiner, z0, h, noise)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_noise_that_wants_a_gradient_gets_the_recorded_one():
+    combiner, z0, h, noise = _case()
+    noise.requires_grad_(True)
+    weights = [torch.randn(3, 6, 2, dtype=torch.float64) for _ in range(3)]
+    ours = _grads(combiner.draw(z0, h, noise), weights, [noise])[0]
+    theirs = _grads(recorded_draw(combiner, z0, h, noise), weights, [noise])[0]
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_outputs_of_one_step_or_one_row_are_not_views_of_saved_buffers():
+    for m, steps in ((1, 4), (3, 1)):
+        combiner, z0, h, noise = _case(m=m, steps=steps)
+        path, loc, scale = combiner.draw(z0, h, noise)
+        path.add_(1.0)  # in place on an output: the saved buffers must not move with it
+        grad = torch.autograd.grad((path + loc + scale).sum(), [z0])[0]
+        assert torch.isfinite(grad).all()

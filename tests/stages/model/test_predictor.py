@@ -255,3 +255,23 @@ def test_the_conditional_groups_a_mask_of_workers_by_host_in_worker_order(checkp
         assert w.tolist() == expected.tolist()  # by host, by worker id within a host
         assert on.tolist() == sorted(set(groups[mask].tolist()))
         assert groups[w[starts]].tolist() == on.tolist() and (on[where] == groups[w]).all()
+
+
+def test_a_draw_whose_host_term_is_minus_infinity_gets_no_weight_not_nan(tmp_path):
+    # a host's kept term at -inf (its arrivals impossible under that draw of z): the kept sum
+    # minus that term would be (-inf) - (-inf); the other hosts are summed afresh instead
+    pred = host_pair_predictor(tmp_path)
+    pred.sample(64)
+    arrived = np.array([True, False, True, False])  # one worker of each host waited on
+    x = np.where(arrived, 0.05, 0.0)
+    pred.remaining(0.051, x, arrived, ~arrived)
+    arrivals = pred._arrivals
+    arrivals.seen_arrived[0] = -np.inf  # draw 0: every host's arrivals impossible
+    arrivals.mixed[0] = -np.inf
+    arrivals.mixed_sum[0] = -np.inf
+    weighed, pick = [], arrivals.pick_draws
+    arrivals.pick_draws = lambda joint: weighed.append(joint.copy()) or pick(joint)
+    with np.errstate(invalid="ignore"):  # draw 0's jump odds are nan: it is never picked
+        draws = pred.remaining(0.052, x, arrived, ~arrived)
+    assert np.isneginf(weighed[0][0]) and np.isfinite(weighed[0][1:]).all()
+    assert draws.shape == (64, 2) and np.isfinite(draws).all() and np.all(draws > 0.052)

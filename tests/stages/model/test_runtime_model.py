@@ -260,3 +260,17 @@ def test_emission_draws_match_a_draw_of_every_entry_by_moments_and_quantiles():
     # host mates move together: their correlation is the jumps'
     corr = lambda y: torch.corrcoef(y[:, [0, 2]].T)[0, 1]  # noqa: E731
     assert abs(float(corr(got) - corr(ref))) < 0.01
+
+
+@pytest.mark.parametrize("lead", [(), (2, 3)])
+def test_the_encoders_pool_in_float64_matches_float32(lead):
+    # the pool's batched products take one dtype: the masks follow the inputs'
+    torch.manual_seed(0)
+    enc = RuntimeModel(ModelConfig(num_workers=5, num_hosts=2)).encoder
+    y, ewma = torch.randn(*lead, 5), torch.randn(*lead, 5)
+    censored, present = torch.rand(*lead, 5) < 0.3, torch.rand(*lead, 5) < 0.8
+    emb = torch.randn(5, enc.embed.out_features)
+    single = enc.pooled(y, censored, present, ewma, emb)
+    double = enc.double().pooled(y.double(), censored, present, ewma.double(), emb.double())
+    assert single.shape == (*lead, enc.embed.out_features) and double.dtype == torch.float64
+    torch.testing.assert_close(double.float(), single, rtol=1e-5, atol=1e-6)
