@@ -37,7 +37,7 @@ from bdsgd.stages.model.checkpoint import (
 )
 from bdsgd.stages.model.clipped_adam import FusedClippedAdam
 from bdsgd.stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
-from bdsgd.stages.model.evaluate import NllReport, evaluate, split
+from bdsgd.stages.model.evaluate import Filtered, NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
@@ -178,13 +178,13 @@ def _fit(
     losses = train(model, [_tensors(r, norm, vocab) for r in shown], config)
     ckpt = Checkpoint(model, norm, vocab, runs[-1].hosts, _plain(config), {})
     spans = recalibration_spans(runs, config.holdout)  # first half of the held-out part
-    common = common_slowdown(ckpt, runs, spans, seed=config.seed)
+    filtered = Filtered()  # both filter every run from its start to the held-out part
+    common = common_slowdown(ckpt, runs, spans, seed=config.seed, filtered=filtered)
     ckpt = dataclasses.replace(ckpt, common=common)
     report = None
     if config.holdout > 0:  # calibration on the second half: neither trained nor recalibrated on
-        report = evaluate(
-            ckpt, runs, config.holdout, config.eval_samples, config.seed, calibration_skip=0.5
-        )
+        report = evaluate(ckpt, runs, config.holdout, config.eval_samples, config.seed,
+                          calibration_skip=0.5, filtered=filtered)  # fmt: skip
     ckpt = dataclasses.replace(ckpt, summary=_summary(config, runs, report, ckpt.common))
     save_checkpoint(config.checkpoint, ckpt)
     return FitResult(

@@ -19,6 +19,7 @@ hide a tail that is too light or too heavy exactly where the policy cuts; covera
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,49 @@ def _observed(run: RunMatrix, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """Run-times with missing entries as NaN, censoring flags and the presence mask at t."""
     present = run.present[t] & np.isfinite(run.runtimes[t])
     return np.where(present, run.runtimes[t], np.nan), run.censored[t] & present, present
+
+
+class Filtered:
+    """Predictors filtered through the first iterations of runs, kept for whoever filters the
+    same run again from its first iteration with the same model and seed: ``fit``'s
+    recalibration and its held-out evaluation both filter every run up to the held-out start
+    (1,600 ``observe`` calls a run at 32 x 2,000). Each use gets its own copy (the model is
+    shared, not copied); a checkpoint's ``common`` only changes the draws, and the online
+    spread never changes the filter, so both are set on the copy."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, int, int, int], tuple] = {}
+
+    def at(self, ckpt: Checkpoint, run: RunMatrix, upto: int, seed: int, online: bool = True):
+        """A predictor of ``ckpt`` for ``run`` that has observed iterations 0 .. upto - 1."""
+        key = (id(ckpt.model), id(run), upto, seed)
+        if key not in self._kept:  # (the model and the run are kept: their ids stay theirs)
+            predictor = _fresh(ckpt, run, seed)
+            for t in range(upto):
+                x, cens, _ = _observed(run, t)
+                predictor.observe(x, cens)
+            self._kept[key] = (predictor, ckpt.model, run)
+        kept = self._kept[key][0]
+        predictor = copy.deepcopy(kept, memo={id(kept.model): kept.model})
+        predictor.common = (*ckpt.common, 1.0)[:4]
+        if not online:
+            predictor.online = None
+        return predictor
+
+
+def _fresh(ckpt: Checkpoint, run: RunMatrix, seed: int):
+    return predictor_from(ckpt, list(range(run.shape[1])), list(run.hosts), seed=seed)
+
+
+def start_at(ckpt, run, start: int, seed: int, filtered: Filtered | None, online: bool = True):
+    """(predictor, first iteration to go on from): one filtered through ``start`` iterations
+    (``filtered``), or a fresh one at iteration 0."""
+    if filtered is None:
+        predictor = _fresh(ckpt, run, seed)
+        if not online:
+            predictor.online = None
+        return predictor, 0
+    return filtered.at(ckpt, run, start, seed, online), start
 
 
 def baseline_log_lik(run: RunMatrix, start: int) -> tuple[float, float]:
@@ -84,13 +128,14 @@ def model_log_lik(
     seed: int,
     pits: PitCollector | None = None,
     pits_from: int = 0,
+    filtered: Filtered | None = None,
 ) -> float:
     """Summed held-out joint one-step-ahead log-likelihood of the model on one run; with
     ``pits``, also the PIT values of each held-out iteration from ``pits_from`` on
     (:class:`PitCollector`)."""
-    predictor = predictor_from(ckpt, list(range(run.shape[1])), list(run.hosts), seed=seed)
+    predictor, first = start_at(ckpt, run, start, seed, filtered)
     total = 0.0
-    for t in range(run.shape[0]):
+    for t in range(first, run.shape[0]):
         x, cens, present = _observed(run, t)
         if t >= start and present.any():
             total += predictor.log_predictive(x, cens, samples)[0]
@@ -109,6 +154,7 @@ def evaluate(
     samples: int = 256,
     seed: int = 0,
     calibration_skip: float = 0.0,
+    filtered: Filtered | None = None,
 ) -> NllReport:
     """Held-out NLL of the model and both baselines over ``runs``, and the model's calibration
     on the held-out iterations after the first ``calibration_skip`` share of them (those the
@@ -119,7 +165,7 @@ def evaluate(
         start = split(run.shape[0], holdout)
         entries += int((run.present[start:] & np.isfinite(run.runtimes[start:])).sum())
         pits_from = start + int(calibration_skip * (run.shape[0] - start))
-        model = model_log_lik(ckpt, run, start, samples, seed, pits, pits_from)
+        model = model_log_lik(ckpt, run, start, samples, seed, pits, pits_from, filtered)
         totals += (model, *baseline_log_lik(run, start))
     nll = -totals / max(entries, 1)
     return NllReport(float(nll[0]), float(nll[1]), float(nll[2]), entries, pits.summary())

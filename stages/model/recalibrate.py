@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import numpy as np
 from bdsgd.stages.model.checkpoint import Checkpoint
-from bdsgd.stages.model.evaluate import _observed, split
+from bdsgd.stages.model.evaluate import Filtered, _observed, split, start_at
 from bdsgd.stages.model.online import order_statistic_at_cut
-from bdsgd.stages.model.predictor import predictor_from
 from bdsgd.stages.store import RunMatrix
 
 SHARE = 0.25  # without a held-out part: the share of each run, at its end, measured on
@@ -65,19 +64,20 @@ def span_draws(
     samples: int,
     seed: int,
     settings: list[tuple[float, ...]],
+    filtered: Filtered | None = None,
 ) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[float]]]:
     """At iterations ``begin <= t < end`` of one run (filtered from 0), for every recalibration
     of ``settings`` (``common`` tuples): the share of exact run-times inside their central 90%
     interval (one per setting), and per setting the predictive draws of the normalised log
     x_(c) and its observed value where the iteration shows it (the draws of every setting come
     from the same filter state)."""
-    predictor = predictor_from(ckpt, list(range(run.shape[1])), list(run.hosts), seed=seed)
-    predictor.online = None  # the draws of every setting from the same state, none adjusted
+    # the draws of every setting from the same state, none adjusted by the online spread
+    predictor, first = start_at(ckpt, run, begin, seed, filtered, online=False)
     norm = ckpt.norm
     inside, count = np.zeros(len(settings)), 0
     predicted: list[list[np.ndarray]] = [[] for _ in settings]
     seen: list[list[float]] = [[] for _ in settings]
-    for t in range(end):
+    for t in range(first, end):
         x, cens, present = _observed(run, t)
         if t >= begin and present.any():
             exact = present & ~cens
@@ -102,6 +102,7 @@ def pooled_draws(
     samples: int,
     seed: int,
     settings: list[tuple[float, ...]],
+    filtered: Filtered | None = None,
 ) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[float]]]:
     """:func:`span_draws` over every run's span: run-time coverage averaged over runs, the x_(c)
     draws and observed values pooled."""
@@ -109,7 +110,7 @@ def pooled_draws(
     predicted: list[list[np.ndarray]] = [[] for _ in settings]
     seen: list[list[float]] = [[] for _ in settings]
     for run, (begin, end) in zip(runs, spans, strict=True):
-        cover, p, s = span_draws(ckpt, run, begin, end, samples, seed, settings)
+        cover, p, s = span_draws(ckpt, run, begin, end, samples, seed, settings, filtered)
         coverage += cover / len(runs)
         for i in range(len(settings)):
             predicted[i] += p[i]
@@ -145,13 +146,14 @@ def common_slowdown(
     spans: list[tuple[int, int]],
     samples: int = 128,
     seed: int = 0,
+    filtered: Filtered | None = None,
 ) -> tuple[float, float, float, float]:
     """(shift, sd) of the shared log-slowdown, in normalised log units, the factor on the
     workers' own spreads and the one on the spread of the draws' locations, measured on
     iterations ``spans[i]`` of each run (see the module docstring); no shared slowdown with
     fewer than ``MIN_ITERATIONS`` usable iterations."""
     settings = [(0.0, 0.0, float(w), 1.0) for w in WIDENINGS]
-    coverage, predicted, seen = pooled_draws(ckpt, runs, spans, samples, seed, settings)
+    coverage, predicted, seen = pooled_draws(ckpt, runs, spans, samples, seed, settings, filtered)
     # the workers' spreads are widened only where their run-times are clearly under-covered
     # (a factor of 1.1 where 89% were covered cost gammamix a point of throughput), then by the
     # smallest factor that covers them; then the shared slowdown that covers x_(c) with it
@@ -164,7 +166,7 @@ def common_slowdown(
     draws, seen_at = np.stack(predicted[k]), np.asarray(seen[k])  # (I, S), (I,)
     shift = float(np.median(seen_at - np.median(draws, axis=1)))
     if order_stat_coverage(draws + shift, seen_at) > TIGHTEN_ABOVE:
-        return tightened(ckpt, runs, spans, samples, seed, widen)
+        return tightened(ckpt, runs, spans, samples, seed, widen, filtered)
     noise = np.random.default_rng(seed).standard_normal(draws.shape[1])
     for sd in SPREADS:
         if order_stat_coverage(draws + shift + sd * noise, seen_at) >= TARGET:
@@ -179,11 +181,12 @@ def tightened(
     samples: int,
     seed: int,
     widen: float,
+    filtered: Filtered | None = None,
 ) -> tuple[float, float, float, float]:
     """Where x_(c) is clearly over-covered: the shift and the strongest narrowing of
     ``TIGHTENINGS`` with which the span's x_(c) are still covered ``TARGET``."""
     settings = [(0.0, 0.0, widen, float(f)) for f in TIGHTENINGS]
-    _, predicted, seen = pooled_draws(ckpt, runs, spans, samples, seed, settings)
+    _, predicted, seen = pooled_draws(ckpt, runs, spans, samples, seed, settings, filtered)
     for i, factor in enumerate(TIGHTENINGS):
         draws, seen_at = np.stack(predicted[i]), np.asarray(seen[i])
         shift = float(np.median(seen_at - np.median(draws, axis=1)))

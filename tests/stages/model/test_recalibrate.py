@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint
-from bdsgd.stages.model.evaluate import PitCollector, _observed
+from bdsgd.stages.model.evaluate import Filtered, PitCollector, _observed, evaluate
 from bdsgd.stages.model.predictor import predictor_from
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
@@ -123,3 +123,19 @@ def test_narrowing_moves_a_draws_workers_together(tmp_path):
     # a factor of 0 gives every draw the same mean level; each worker keeps its own noise
     assert np.ptp(b.mean(axis=1)) < 1e-4 < 0.05 < np.ptp(a.mean(axis=1))
     assert np.var(b, axis=0).mean() > 0.5 * np.var(a, axis=0).mean()
+
+
+def test_filtering_each_run_once_changes_nothing(tmp_path):
+    # fit's recalibration and evaluation share each run's filter up to the held-out start
+    # (evaluate.Filtered); every figure must be what filtering from the start gives
+    run = shared_cluster(160, 6, shared_sd=0.3)
+    fit_small(tmp_path, run, steps=20, window=16, batch=4)
+    ckpt = dataclasses.replace(load_checkpoint(tmp_path / "m.pt"), common=NO_RECALIBRATION)
+    spans = recalibration_spans([run], 0.2)
+    filtered = Filtered()
+    once = common_slowdown(ckpt, [run], spans, seed=3, filtered=filtered)
+    assert once == common_slowdown(ckpt, [run], spans, seed=3)
+    recalibrated = dataclasses.replace(ckpt, common=once)
+    shared = evaluate(recalibrated, [run], 0.2, 64, 3, calibration_skip=0.5, filtered=filtered)
+    assert shared == evaluate(recalibrated, [run], 0.2, 64, 3, calibration_skip=0.5)
+    assert len(filtered._kept) == 1  # one run, one start: filtered once
