@@ -24,7 +24,8 @@ Two ways the protocol can travel (``--mode``):
   on the store itself (N waiters on one key).
 - ``batched``: the keys and their meaning are the same; the coordinator reads the ticket
   counter after each report and fetches every report already taken in one ``multi_get``; one
-  relay per process (per node) waits for the cut on the store and wakes its ranks locally.
+  relay per node (a process of its own) waits for the cut on the store, and the node wakes its
+  ranks locally.
 - ``fixed``: ``batched``, and the coordinator announces the iteration's fixed c in the ticket
   counter (``protocol.announce_limit``, as the training-loop library does for every policy
   but an online one): the rank that takes ticket c sets the cut itself, then closes the
