@@ -31,8 +31,9 @@ def release_default_group() -> int:
     """Replace every default argument of :data:`FUNCTIONAL`'s functions that holds the current
     default process group with None; returns how many it replaced."""
     group, functions = _holders()
-    replaced = held_defaults()
+    replaced = 0
     for fn in functions:
+        replaced += sum(d is group for d in fn.__defaults__)
         fn.__defaults__ = tuple(None if d is group else d for d in fn.__defaults__)
     return replaced
 

@@ -57,9 +57,10 @@ class _DrawPath(torch.autograd.Function):
     def backward(ctx, d_path, d_loc, d_scale):
         path, hid, s, noise, w_in, w_out = ctx.saved_tensors
         steps, m, k = s.shape
-        d_loc = _time_first(d_loc, s)
+        # (autograd hands zeros, not None, for an output nothing used: grads are materialised)
+        d_loc = d_loc.transpose(0, 1)
         d_pre, d_tin, d_z0 = _back_through_time(
-            _time_first(d_path, s), d_loc, _time_first(d_scale, s),
+            d_path.transpose(0, 1), d_loc, d_scale.transpose(0, 1),
             noise.transpose(0, 1), torch.sigmoid(s), 1.0 - hid * hid, w_in, w_out,
         )  # fmt: skip
         d_pre_flat, d_tin_flat = d_pre.reshape(steps * m, -1), d_tin.reshape(steps * m, -1)
@@ -75,13 +76,6 @@ class _DrawPath(torch.autograd.Function):
             d_tin_flat.sum(0),
             hid.reshape(steps * m, -1).T @ d_pre_flat,
         )
-
-
-def _time_first(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    """An output's gradient (M, L, K) as (L, M, K), zeros for an output nothing used."""
-    if grad is None:
-        return torch.zeros_like(like)
-    return grad.transpose(0, 1)
 
 
 def _back_through_time(d_path, d_loc, d_scale, eps, sig_s, one_minus_hid2, w_in, w_out):
