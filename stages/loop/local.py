@@ -81,8 +81,7 @@ def watch(procs, store: dist.Store, timeout_s: float, start_timeout_s: float, on
     """Until every rank exited: report progress; fail on a rank's error or a stall."""
     seen, changed = None, time.monotonic()
     while any(p.exitcode is None for p in procs):
-        if failed := [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]:
-            raise WorkerError(failure(store, failed[0], procs[failed[0]].exitcode))
+        raise_if_failed(procs, store)
         now = progress_of(store)
         if now is not None and now != seen:
             seen, changed = now, time.monotonic()
@@ -93,8 +92,15 @@ def watch(procs, store: dist.Store, timeout_s: float, start_timeout_s: float, on
             raise WorkerError(f"the ranks have not {what} within {allowed:g} s")
         for p in procs:
             p.join(POLL_S / len(procs))
+    raise_if_failed(procs, store)  # (every rank may have exited between two looks)
     if (now := progress_of(store)) is not None and now != seen:
         on_progress(*now)
+
+
+def raise_if_failed(procs, store: dist.Store) -> None:
+    """:class:`WorkerError` with the first failed rank's line, if a rank exited non-zero."""
+    if failed := [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]:
+        raise WorkerError(failure(store, failed[0], procs[failed[0]].exitcode))
 
 
 def failure(store: dist.Store, rank: int, code: int) -> str:
