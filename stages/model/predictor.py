@@ -26,7 +26,7 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, load_checkpoint
 from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups, run_anchor
-from bdsgd.stages.model.draw_nets import DrawNets
+from bdsgd.stages.model.draw_nets import DrawNets, logaddexp
 from bdsgd.stages.model.online import OnlineSpread
 from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
@@ -283,13 +283,16 @@ class Arrivals:
         self.added: np.ndarray | None = None  # the arrivals already summed into seen_arrived
         self.seen_arrived = np.zeros(0)
         self.mixed = self.mixed_sum = np.zeros(0)  # see arrived_terms
+        # every worker's four components once per iteration, (P, N, 4): a revision gathers its
+        # workers' rows instead of adding and multiplying them out again
+        self.means = self.loc[:, :, None] + self.offsets
+        self.sds = self.scale[:, :, None] * self.sd_factors
+        self.in_worker_order = bool(np.all(self.by_host[1:] > self.by_host[:-1]))
 
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
         tail without their host's jump, then bulk and tail with it."""
-        means = self.loc[:, w, None] + self.offsets[w]
-        sds = self.scale[:, w, None] * self.sd_factors[w]
-        return means, sds, self.log_weights[w]
+        return self.means.take(w, axis=1), self.sds.take(w, axis=1), self.log_weights[w]
 
     def grouped(self, mask: np.ndarray) -> tuple[np.ndarray, ...]:
         """The workers in ``mask`` grouped by host (by worker id within a host), and the hosts
@@ -319,11 +322,11 @@ class Arrivals:
         if new.size:
             means, sds, logw = self.components(new)
             dens = -0.5 * ((y[new, None] - means) / sds) ** 2 - np.log(sds) + logw
-            terms = np.logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, 2)
+            terms = logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, 2)
             summed = np.add.reduceat(terms, starts, axis=1).transpose(0, 2, 1)
             seen = self.seen_arrived[:, :, hosts] + summed
             self.seen_arrived[:, :, hosts] = seen
-            mixed = np.logaddexp(
+            mixed = logaddexp(
                 seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
             )
             self.mixed_sum += (mixed - self.mixed[:, hosts]).sum(-1)
@@ -343,7 +346,31 @@ class Arrivals:
         means, sds, logw = self.components(w)
         log_surv = log_ndtr32((means - np.float32(y_now)) / sds)
         weighted = log_surv + logw
-        out = np.logaddexp(weighted[..., 0::2], weighted[..., 1::2])  # log P(still out | p, j)
+        out = logaddexp(weighted[..., 0::2], weighted[..., 1::2])  # log P(still out | p, j)
+        pick, jumped = self.draw_hosts(y, arrived, hosts, starts, out)
+        # flat indices into the (P, n, 2) arrays of each sample's draw, worker and jump (the
+        # host mates of a sample share its jump), then into the (P, n, 4) ones of its component
+        cell = pick[:, None] * np.int32(w.size) + np.arange(w.size, dtype=np.int32)
+        cell *= 2
+        cell += jumped[:, inverse]
+        tail_share = np.exp(weighted[..., 1::2] - out).reshape(-1)
+        idx = cell + cell
+        idx += self.rng.random(cell.shape, dtype=np.float32) < tail_share.take(cell)
+        mean, sd = means.reshape(-1).take(idx), sds.reshape(-1).take(idx)
+        # y > y_now drawn by inverting P(y > v) = U P(y > y_now), in logs (no underflow far out)
+        log_p = np.log1p(-self.rng.random(idx.shape, dtype=np.float32))  # log U, U in (0, 1]
+        log_p += log_surv.reshape(-1).take(idx)
+        mean -= sd * ndtri_exp32(log_p)
+        if self.in_worker_order:  # grouped by host is by worker id too
+            return mean
+        draws = np.empty_like(mean)
+        draws[:, np.cumsum(waiting)[w] - 1] = mean  # each worker's column: by worker id
+        return draws
+
+    def draw_hosts(self, y, arrived, hosts, starts, out) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's draw of z (S,) int32, weighed by what arrived and what is still out
+        (``out``: log P(still out | draw, jump), (P, n, 2), the waiting workers grouped by host
+        from ``starts``), and whether each waited-on host jumped in it (S, hosts) bool."""
         seen = self.arrived_terms(y, arrived)[:, :, hosts]  # (P, 2, hosts waited on)
         seen += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
         calm, jump = seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
@@ -354,22 +381,10 @@ class Arrivals:
             rest = np.ones(self.num_hosts, dtype=bool)
             rest[hosts] = False
             others = self.mixed[:, rest].sum(-1)
-        joint = others + np.logaddexp(calm, jump).sum(-1)
-        pick = self.pick_draws(joint)
+        joint = others + logaddexp(calm, jump).sum(-1)
+        pick = self.pick_draws(joint).astype(np.int32)
         p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, hosts waited on)
-        jumped = self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host
-        # flat indices into the (P, n, 2) arrays of each sample's draw, worker and jump (the
-        # host mates of a sample share its jump), then into the (P, n, 4) ones of its component
-        cell = (pick[:, None] * w.size + np.arange(w.size)) * 2 + jumped[:, inverse]
-        tail_share = np.exp(weighted[..., 1::2] - out).reshape(-1)
-        idx = 2 * cell + (self.rng.random(cell.shape, dtype=np.float32) < tail_share.take(cell))
-        mean, sd = means.reshape(-1).take(idx), sds.reshape(-1).take(idx)
-        # y > y_now drawn by inverting P(y > v) = U P(y > y_now), in logs (no underflow far out)
-        u = np.log1p(-self.rng.random(idx.shape, dtype=np.float32))  # log U, U in (0, 1]
-        draws = np.empty_like(mean)
-        at = np.cumsum(waiting)[w] - 1  # each worker's column: the waiting ones by worker id
-        draws[:, at] = mean - sd * ndtri_exp32(u + log_surv.reshape(-1).take(idx))
-        return draws
+        return pick, self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host
 
     def pick_draws(self, joint: np.ndarray) -> np.ndarray:
         """(S,) draws of z picked in proportion to exp(``joint``), their (P,) log weights."""

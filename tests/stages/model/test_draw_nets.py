@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
-from bdsgd.stages.model.draw_nets import EXP_SAFE, DrawNets, softplus
+from bdsgd.stages.model.draw_nets import EXP_SAFE, DrawNets, logaddexp, softplus
 from bdsgd.stages.model.runtime_model import EmissionBase, ModelConfig, RuntimeModel
 
 
@@ -61,3 +62,17 @@ def test_softplus_with_a_gradient_wanted_gives_torchs_gradient() -> None:
     x = torch.linspace(-5.0, 5.0, 11, requires_grad=True)
     (grad,) = torch.autograd.grad(softplus(x).sum(), [x])
     torch.testing.assert_close(grad, torch.sigmoid(x.detach()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logaddexp_matches_numpys_including_infinities_and_nan(dtype) -> None:
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((2, 500)) * 60).astype(dtype)
+    a[:6] = [-np.inf, -np.inf, np.inf, np.inf, 0.0, np.nan]
+    b[:6] = [-np.inf, 3.0, -np.inf, np.inf, -np.inf, 1.0]
+    with np.errstate(invalid="ignore"):
+        want = np.logaddexp(a, b)
+    got = logaddexp(a, b)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=2e-7 if dtype == np.float32 else 1e-15, atol=0)
+    assert np.isneginf(got[0]) and np.isposinf(got[2:4]).all() and np.isnan(got[5])

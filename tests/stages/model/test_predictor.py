@@ -177,6 +177,21 @@ def test_remaining_keeps_the_waiting_workers_in_index_order(tmp_path):
     draws = pred.remaining(now, np.where(waiting, 0.0, 0.05), ~waiting, waiting)
     medians = np.median(draws, axis=0)  # positions 1, 2, 3
     assert medians[0] > 1.3 * medians[1] and medians[2] > 1.3 * medians[1]
+    assert not pred._arrivals.in_worker_order  # the columns went back through the scatter
+
+
+def test_workers_listed_host_by_host_skip_the_scatter_and_draw_the_same(tmp_path):
+    pred = host_pair_predictor(tmp_path)  # hosts a, a, b, b: by host is by worker id
+    pred.sample(64)
+    waiting = np.array([False, True, False, True])
+    x = np.where(waiting, 0.0, 0.05)
+    pred.remaining(0.055, x, ~waiting, waiting)
+    arrivals, draws = pred._arrivals, []
+    assert arrivals.in_worker_order
+    for shortcut in (True, False):
+        arrivals.in_worker_order, arrivals.rng = shortcut, np.random.default_rng(5)
+        draws.append(pred.remaining(0.06, x, ~waiting, waiting))
+    np.testing.assert_array_equal(draws[0], draws[1])
 
 
 def _anchored_checkpoint(tmp_path, level_sd=0.0, level_dof=0):
