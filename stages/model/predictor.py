@@ -326,9 +326,7 @@ class Arrivals:
             summed = np.add.reduceat(terms, starts, axis=1).transpose(0, 2, 1)
             seen = self.seen_arrived[:, :, hosts] + summed
             self.seen_arrived[:, :, hosts] = seen
-            mixed = logaddexp(
-                seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
-            )
+            mixed = logaddexp(seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts])
             self.mixed_sum += (mixed - self.mixed[:, hosts]).sum(-1)
             self.mixed[:, hosts] = mixed
             if not np.isfinite(self.mixed_sum).all():  # a term at -inf: (-inf) - (-inf)
