@@ -82,16 +82,29 @@ class SyncEngine(Engine):
 
     def begin(self, t: int) -> None:
         """Choose c for iteration t (the policy has observed every iteration before it) and
-        announce it to the live workers, unless it was announced ahead."""
+        announce it to the live workers, unless it was announced ahead. An online policy's
+        iteration is announced first (its limit is no c: the policy decides at the arrivals),
+        so that its ``choose`` runs while the workers compute instead of before they start."""
         state = self.progress
         state.aborted = False
         if time.monotonic() >= self.reap_after:  # (a waitpid per worker: at 1,000 it/s it shows)
             self.reap()
             self.reap_after = time.monotonic() + REAP_EVERY_S
         self.policy.set_noise_scale(self.noise.value, self.cfg.batch_size)
-        c = self.driver.begin(self.live)
-        state.started, state.sent = time.perf_counter(), self.live.copy()
-        limit = P.ONLINE if self.policy.online else c
+        if self.policy.online:
+            state.started, state.sent = time.perf_counter(), self.live.copy()
+            self.announce_through(t, P.ONLINE)
+            self.driver.begin(self.live)
+        else:
+            c = self.driver.begin(self.live)
+            state.started, state.sent = time.perf_counter(), self.live.copy()
+            self.announce_through(t, c)
+        state.begun = t
+
+    def announce_through(self, t: int, limit: int) -> None:
+        """Announce t (and as far ahead as :meth:`ahead` says) with ``limit``, unless announced
+        already."""
+        state = self.progress
         state.through = t + self.ahead(t)  # the announcements made now hold through this one
         if state.through > state.announced:
             # under Ctrl-C too, the keys workers read and the count :meth:`stop_workers` puts
@@ -100,7 +113,6 @@ class SyncEngine(Engine):
                 self.before_announcing(max(state.announced + 1, t), state.through)
                 self.announce_block(max(state.announced + 1, t), state.through, limit)
                 state.announced = state.through
-        state.begun = t
 
     def before_announcing(self, first: int, last: int) -> None:  # noqa: B027 (a hook)
         """Hook: iterations ``first..last`` are about to be announced."""

@@ -477,7 +477,7 @@ class BdsgdCutoff(MonteCarloCutoff):
 
     def conditional(self, now_s, runtimes, arrived, waiting) -> np.ndarray | None:
         """The model's joint predictive of the waiting workers given the arrivals: a host whose
-        workers are late is likely slowed down as a whole (see ``Emitter.conditional_sample``).
+        workers are late is likely slowed down as a whole (see ``predictor.Arrivals``).
         None for a predictor that cannot condition (it then serves the fixed-c rule)."""
         remaining = getattr(self.predictor, "remaining", None)
         return None if remaining is None else remaining(now_s, runtimes, arrived, waiting)

@@ -180,3 +180,29 @@ def test_at_a_tick_a_ticket_already_taken_is_read_before_the_policy_is_asked():
     reports = engine.admit(0)
     assert [r.worker for r in reports] == [0, 2]
     assert policy.asked[:2] == [(pytest.approx(0.01), 1), (pytest.approx(0.02), 2)]  # no tick
+
+
+class Recorded(StaticCutoff):
+    """static:c that notes, when asked for c, how many announcements the engine had made."""
+
+    def __init__(self, c: int, online: bool, engine_of) -> None:
+        super().__init__(c)
+        self.online, self.engine_of, self.seen = online, engine_of, []
+
+    def choose(self, live):
+        self.seen.append(len(getattr(self.engine_of(), "limits", [])))
+        return super().choose(live)
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_an_online_policy_chooses_after_the_announcement_a_fixed_c_before(online):
+    """An online policy's limit is no c, so the workers start first and choose runs while they
+    compute; a fixed c is what the announcement carries, so it is chosen first."""
+    engines: list = []
+    policy = Recorded(3, online, lambda: engines[0])
+    engine = HandDriven(engine_config(timeout_s=60.0), dist.HashStore(), policy, None,
+                        lambda w: True)  # fmt: skip
+    engines.append(engine)
+    engine.begin(0)
+    assert policy.seen == ([1] if online else [0])
+    assert engine.limits == [P.ONLINE if online else 3]
