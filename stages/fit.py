@@ -41,7 +41,7 @@ from bdsgd.stages.model.evaluate import Filtered, NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
-from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.infer import TraceMeanField_ELBO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -291,10 +291,17 @@ def _setup_model(
 
 
 def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> list[float]:
-    """SVI on random windows; returns the loss (negative ELBO per training entry) of each step."""
+    """SVI on random windows; returns the loss (negative ELBO per training entry) of each step.
+
+    Each step is what ``pyro.infer.SVI.step`` does, written out: the ELBO's differentiable loss,
+    its gradients, one optimizer step of every parameter, the gradients cleared. The model and
+    guide use the module's parameters directly instead of registering them with ``pyro.module``
+    at every call (72 parameter sites a step, about 1.1-1.7 ms of a 27 ms step), and the same
+    updates follow (the same losses to the last bit over 200 steps)."""
     rng = np.random.default_rng(config.seed)
     optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
-    svi = SVI(model.model, model.guide, optim, loss=TraceMeanField_ELBO())
+    elbo = TraceMeanField_ELBO()
+    params = [p for p in model.parameters() if p.requires_grad]
     losses: list[float] = []
     with _progress(config.progress) as bar, pyro.validation_enabled(False):
         task = bar.add_task("fit", total=config.steps, elbo=float("nan"))
@@ -302,7 +309,12 @@ def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> lis
             batch = _mask_unknown(
                 sample_windows(data, config.window, config.batch, rng), config.unknown_p, rng
             )
-            losses.append(svi.step(batch) / max(int(batch.present.sum()), 1))
+            loss = elbo.differentiable_loss(model.model, model.guide, batch)
+            loss.backward()
+            optim(params)
+            for p in params:
+                p.grad = None
+            losses.append(loss.item() / max(int(batch.present.sum()), 1))
             bar.update(task, advance=1, elbo=-float(np.mean(losses[-20:])))
     model.eval()
     return losses

@@ -460,7 +460,6 @@ class RuntimeModel(nn.Module):
     def model(self, data: RunTensors) -> None:
         """p(z_{1:L}) p(y_{1:L} | z_{1:L}) for a batch of windows (B, L, N); the path z_{1:L}
         is one sample site (:class:`MarkovPath`)."""
-        pyro.module("runtime_model", self)
         batch, length = data.y.shape[:2]
         params = self.head(data.worker_idx, data.host_idx)
         with pyro.plate("windows", batch):
@@ -470,7 +469,6 @@ class RuntimeModel(nn.Module):
     def guide(self, data: RunTensors) -> None:
         """q(z_{1:L} | y_{1:L}) = prod_t q(z_t | z_{t-1}, h_t), h_t from the past only
         (:class:`FilteredPath`)."""
-        pyro.module("runtime_model", self)
         params = self.head(data.worker_idx, data.host_idx)
         h = self.encoder(data, params.emb)
         with pyro.plate("windows", data.y.shape[0]):
