@@ -291,6 +291,8 @@ class Arrivals:
         self.means = self.loc[:, :, None] + self.offsets
         self.sds = self.scale[:, :, None] * self.sd_factors
         self.in_worker_order = bool(np.all(self.by_host[1:] > self.by_host[:-1]))
+        self.groups = np.empty_like(self.groups_by_host)  # each worker's host
+        self.groups[self.by_host] = self.groups_by_host
 
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
@@ -321,7 +323,12 @@ class Arrivals:
             self.seen_arrived = np.zeros((self.loc.shape[0], 2, self.num_hosts))
             self.mixed = np.zeros((self.loc.shape[0], self.num_hosts))
             self.mixed_sum = np.zeros(self.loc.shape[0])
-        new, hosts, starts, _ = self.grouped(arrived & ~self.added)
+        fresh = arrived & ~self.added
+        new = np.flatnonzero(fresh)
+        if new.size == 1:  # the usual: one arrival since the last revision, no grouping
+            hosts, starts = self.groups[new], np.zeros(1, dtype=np.intp)
+        elif new.size:
+            new, hosts, starts, _ = self.grouped(fresh)
         if new.size:
             means, sds, logw = self.components(new)
             dens = -0.5 * ((y[new, None] - means) / sds) ** 2 - np.log(sds) + logw
