@@ -200,3 +200,56 @@ def test_a_crafted_init_checkpoint_is_refused_before_the_traces_are_read(tmp_pat
     with pytest.raises(CheckpointError, match="malformed checkpoint .*norm scale 0.0"):
         run_fit(_config(tmp_path, init=tmp_path / "bad.pt", traces=tmp_path / "nowhere"))
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_train_takes_the_steps_pyros_svi_takes(tmp_path):
+    """``train`` writes SVI.step out, and the model and guide no longer register their
+    parameters with ``pyro.module``: the same losses and the same weights as Pyro's SVI with
+    that registration, step for step."""
+    import copy
+
+    import pyro
+    from bdsgd.stages import fit
+    from bdsgd.stages.model.clipped_adam import FusedClippedAdam
+    from bdsgd.stages.model.data import Normaliser, sample_windows, to_tensors
+    from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
+    from pyro.infer import SVI, TraceMeanField_ELBO
+
+    from tests.stages.model.clusters import drifting_cluster
+
+    x, cens, hosts = drifting_cluster(60, 6, 2, seed=1, cutoff=5)
+    run = RunMatrix("r", x, cens, np.ones_like(cens), tuple(hosts))
+    data = [to_tensors(run, Normaliser.fit([run]), torch.arange(1, 7),
+                       torch.tensor([1 + w % 2 for w in range(6)]))]  # fmt: skip
+    config = _config(tmp_path, steps=6, window=10, batch=3, progress=False)
+    torch.manual_seed(0)
+    ours = RuntimeModel(ModelConfig(num_workers=8, num_hosts=3, z_dim=4, hidden=16))
+    theirs = copy.deepcopy(ours)
+    pyro.set_rng_seed(0)
+    losses = fit.train(ours, data, config)
+
+    def model(batch):
+        pyro.module("runtime_model", theirs)
+        theirs.model(batch)
+
+    def guide(batch):
+        pyro.module("runtime_model", theirs)
+        theirs.guide(batch)
+
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
+    svi, rng, expected = (
+        SVI(model, guide, optim, loss=TraceMeanField_ELBO()),
+        np.random.default_rng(config.seed),
+        [],
+    )
+    with pyro.validation_enabled(False):
+        for _ in range(config.steps):
+            batch = fit._mask_unknown(
+                sample_windows(data, config.window, config.batch, rng), config.unknown_p, rng
+            )
+            expected.append(svi.step(batch) / max(int(batch.present.sum()), 1))
+    assert losses == expected and len(set(losses)) == config.steps  # the weights moved
+    for mine, pyros in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(mine, pyros, rtol=0, atol=0)
