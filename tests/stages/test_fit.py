@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
+import pyro
 import pytest
 import torch
+from bdsgd.stages import fit
 from bdsgd.stages.errors import CheckpointError, ConfigError, TraceError
 from bdsgd.stages.fit import FitConfig, policy_censored, run_fit
 from bdsgd.stages.model.checkpoint import load_checkpoint
+from bdsgd.stages.model.clipped_adam import FusedClippedAdam
+from bdsgd.stages.model.data import Normaliser, sample_windows, to_tensors
 from bdsgd.stages.model.predictor import load_predictor
+from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
 from bdsgd.stages.stragglers import SyntheticCluster
+from pyro.infer import SVI, TraceMeanField_ELBO
 
-from tests.stages.model.clusters import write_run
+from tests.stages.model.clusters import drifting_cluster, write_run
 
 
 def _store(path: Path, workers: int = 5, iterations: int = 60, seed: int = 0) -> TraceStore:
@@ -206,17 +213,6 @@ def test_train_takes_the_steps_pyros_svi_takes(tmp_path):
     """``train`` writes SVI.step out, and the model and guide no longer register their
     parameters with ``pyro.module``: the same losses and the same weights as Pyro's SVI with
     that registration, step for step."""
-    import copy
-
-    import pyro
-    from bdsgd.stages import fit
-    from bdsgd.stages.model.clipped_adam import FusedClippedAdam
-    from bdsgd.stages.model.data import Normaliser, sample_windows, to_tensors
-    from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
-    from pyro.infer import SVI, TraceMeanField_ELBO
-
-    from tests.stages.model.clusters import drifting_cluster
-
     x, cens, hosts = drifting_cluster(60, 6, 2, seed=1, cutoff=5)
     run = RunMatrix("r", x, cens, np.ones_like(cens), tuple(hosts))
     data = [to_tensors(run, Normaliser.fit([run]), torch.arange(1, 7),
