@@ -33,6 +33,14 @@ from bdsgd_cli.common import emit_json, run_stage
 @click.option("--batch", type=int, default=16, show_default=True, help="Windows per SVI step.")
 @click.option("--lr", type=float, default=3e-3, show_default=True, help="Initial learning rate.")
 @click.option(
+    "--step-workers",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Workers each SVI step sees, as whole hosts drawn at random (0: every worker); for "
+    "large clusters, where a step's cost grows with the workers.",
+)
+@click.option(
     "--holdout",
     type=float,
     default=0.2,

@@ -36,7 +36,13 @@ from bdsgd.stages.model.checkpoint import (
     save_checkpoint,
 )
 from bdsgd.stages.model.clipped_adam import FusedClippedAdam
-from bdsgd.stages.model.data import Normaliser, RunTensors, sample_windows, to_tensors
+from bdsgd.stages.model.data import (
+    Normaliser,
+    RunTensors,
+    sample_windows,
+    subsample_hosts,
+    to_tensors,
+)
 from bdsgd.stages.model.evaluate import Filtered, NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
@@ -81,6 +87,10 @@ class FitConfig:
     """Width of the networks."""
     unknown_p: float = 0.1
     """Chance a worker/host is shown as "unknown" in a training window, to learn that embedding."""
+    step_workers: int = 0
+    """Workers each SVI step sees, as whole hosts drawn at random (about this many; the
+    likelihood weighed by all hosts / the hosts seen): a step's cost then stops growing with N.
+    0: every worker (the default)."""
     censor_copy: bool = True
     """Also train on a copy of every run censored as a cutoff policy would censor it."""
     eval_samples: int = 256
@@ -105,6 +115,7 @@ class FitConfig:
                 1 <= size <= MAX_WIDTH for size in (self.z_dim, self.hidden)
             ),
             "unknown_p must be in [0, 1)": 0.0 <= self.unknown_p < 1.0,
+            "step_workers must be >= 0": self.step_workers >= 0,
             "eval_samples must be >= 1": self.eval_samples >= 1,
             f"--threads must be in 1..{cpus} (this machine's CPUs)": 1 <= self.threads <= cpus,
         }
@@ -306,15 +317,15 @@ def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> lis
     with _progress(config.progress) as bar, pyro.validation_enabled(False):
         task = bar.add_task("fit", total=config.steps, elbo=float("nan"))
         for _ in range(config.steps):
-            batch = _mask_unknown(
-                sample_windows(data, config.window, config.batch, rng), config.unknown_p, rng
-            )
+            batch = sample_windows(data, config.window, config.batch, rng)
+            batch = subsample_hosts(batch, config.step_workers, rng)
+            batch = _mask_unknown(batch, config.unknown_p, rng)
             loss = elbo.differentiable_loss(model.model, model.guide, batch)
             loss.backward()
             optim(params)
             for p in params:
                 p.grad = None
-            losses.append(loss.item() / max(int(batch.present.sum()), 1))
+            losses.append(loss.item() / max(float(batch.present.sum()) * batch.weight, 1.0))
             bar.update(task, advance=1, elbo=-float(np.mean(losses[-20:])))
     model.eval()
     return losses

@@ -230,6 +230,9 @@ class RunTensors:
     host_idx: torch.Tensor
     groups: torch.Tensor
     """(N,) long: each worker's host among this run's distinct hosts (:func:`host_groups`)."""
+    weight: float = 1.0
+    """What the likelihood of these workers stands for: G / g when a fit step sees g of the
+    run's G hosts (:func:`subsample_hosts`), else 1."""
 
 
 def run_history(
@@ -258,6 +261,41 @@ def to_tensors(
     groups = host_groups(run.hosts)
     e, sd, f, known = run_history(y, censored, present, groups)
     return RunTensors(y, censored, present, e, sd, f, known, worker_idx, host_idx, groups)
+
+
+def subsample_hosts(batch: RunTensors, workers: int, rng: np.random.Generator) -> RunTensors:
+    """The windows of ``batch`` on g of its G hosts, drawn at random without replacement, whole
+    hosts (a host's slow spell is one term of the likelihood), g = ``workers`` / the mean host
+    size (at least 1); ``weight`` G / g makes the likelihood an unbiased estimate of all the
+    hosts'. Unchanged (and no draw taken) when ``workers`` is 0 or the run has no more
+    workers than that."""
+    n = batch.groups.numel()
+    if workers <= 0 or n <= workers:
+        return batch
+    num_hosts = int(batch.groups.max()) + 1
+    g = max(1, round(workers * num_hosts / n))
+    if g >= num_hosts:
+        return batch
+    chosen = torch.as_tensor(np.sort(rng.choice(num_hosts, g, replace=False)))
+    cols = torch.nonzero(torch.isin(batch.groups, chosen)).flatten()
+    groups = torch.unique(batch.groups[cols], return_inverse=True)[1]
+
+    def cut(x: torch.Tensor) -> torch.Tensor:
+        return x[:, :, cols]
+
+    return RunTensors(
+        cut(batch.y),
+        cut(batch.censored),
+        cut(batch.present),
+        cut(batch.ewma),
+        cut(batch.sd),
+        cut(batch.feats),
+        cut(batch.known),
+        batch.worker_idx[cols],
+        batch.host_idx[cols],
+        groups,
+        num_hosts / g,
+    )
 
 
 def sample_windows(

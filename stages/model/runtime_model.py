@@ -454,8 +454,8 @@ class RuntimeModel(nn.Module):
         loc, scale = self.emitter(z, params, base)
         ll = self.emitter.joint_log_lik(
             data.y, data.censored, data.present, loc, scale, params, base, hosts
-        )
-        return ll.sum(-1)
+        ).sum(-1)
+        return ll if data.weight == 1.0 else ll * data.weight
 
     def model(self, data: RunTensors) -> None:
         """p(z_{1:L}) p(y_{1:L} | z_{1:L}) for a batch of windows (B, L, N); the path z_{1:L}

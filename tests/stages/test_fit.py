@@ -249,3 +249,23 @@ def test_train_takes_the_steps_pyros_svi_takes(tmp_path):
     assert losses == expected and len(set(losses)) == config.steps  # the weights moved
     for mine, pyros in zip(ours.parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(mine, pyros, rtol=0, atol=0)
+
+
+def test_a_fit_on_a_subsample_of_hosts_weighs_the_likelihood_up(tmp_path, monkeypatch):
+    """--step-workers: each step sees whole hosts drawn at random and weighs their likelihood
+    by all hosts / the hosts seen; the fit completes and is scored on every worker."""
+    _store(tmp_path / "traces", workers=6)
+    weights, hosts_seen = [], []
+    real = RuntimeModel.emission_log_lik
+
+    def spy(self, z, data, params):
+        weights.append(data.weight)
+        hosts_seen.append(int(data.groups.max()) + 1)
+        return real(self, z, data, params)
+
+    monkeypatch.setattr(RuntimeModel, "emission_log_lik", spy)
+    result = run_fit(_config(tmp_path, step_workers=3))
+    assert weights == [2.0] * 8 and hosts_seen == [1] * 8  # 1 of the 2 hosts, every step
+    assert result.val_nll is not None and np.isfinite(result.val_nll)
+    with pytest.raises(ConfigError, match="step_workers"):
+        _config(tmp_path, step_workers=-1)

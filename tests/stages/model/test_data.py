@@ -11,6 +11,7 @@ from bdsgd.stages.model.data import (
     Normaliser,
     host_groups,
     sample_windows,
+    subsample_hosts,
     to_tensors,
 )
 from bdsgd.stages.store import RunMatrix
@@ -138,3 +139,28 @@ def test_an_anchored_normalisation_sees_every_run_relative_to_its_first_iteratio
         torch.testing.assert_close(y, ys[0], atol=1e-4, rtol=0)
     far = to_tensors(runs[3], plain, idx, idx).y
     assert np.median(far[0].numpy()) > 1.0  # unanchored: the level is what the network sees
+
+
+def test_subsample_hosts_keeps_whole_hosts_and_weighs_by_the_hosts_left_out():
+    # 12 workers on 4 hosts of 3 (interleaved ids); about 6 workers a step: 2 of the 4 hosts
+    hosts = [f"h{w % 4}" for w in range(12)]
+    x, cens = np.full((30, 12), 0.05), np.zeros((30, 12), bool)
+    run = RunMatrix("r", x, cens, np.ones_like(cens), tuple(hosts))
+    data = to_tensors(run, Normaliser.fit([run]), torch.arange(1, 13), torch.arange(1, 13))
+    batch = sample_windows([data], 10, 2, np.random.default_rng(0))
+    seen = set()
+    for seed in range(20):
+        sub = subsample_hosts(batch, 6, np.random.default_rng(seed))
+        kept = sub.worker_idx - 1  # the workers kept, in worker order
+        assert sub.y.shape == (2, 10, 6) and sub.feats.shape[:3] == (2, 10, 6)
+        assert sub.weight == 2.0 and kept.tolist() == sorted(kept.tolist())
+        assert torch.equal(sub.y, batch.y[:, :, kept]) and torch.equal(sub.host_idx, kept + 1)
+        on = {hosts[w] for w in kept.tolist()}
+        assert len(on) == 2
+        assert sum(hosts[w] in on for w in range(12)) == 6  # every worker of the hosts drawn
+        assert sorted(set(sub.groups.tolist())) == [0, 1]  # renumbered among the hosts kept
+        seen.add(frozenset(on))
+    assert len(seen) > 3  # different hosts at different steps
+    rng = np.random.default_rng(0)
+    assert subsample_hosts(batch, 0, rng) is batch and subsample_hosts(batch, 12, rng) is batch
+    assert rng.random() == np.random.default_rng(0).random()  # no draw taken when it is off
