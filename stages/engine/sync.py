@@ -84,7 +84,10 @@ class SyncEngine(Engine):
         """Choose c for iteration t (the policy has observed every iteration before it) and
         announce it to the live workers, unless it was announced ahead. An online policy's
         iteration is announced first (its limit is no c: the policy decides at the arrivals),
-        so that its ``choose`` runs while the workers compute instead of before they start."""
+        so that its ``choose`` runs while the workers compute instead of before they start. A
+        worker that finishes before ``choose`` returns (steps shorter than the decision, a
+        millisecond or two) has its ticket read with the others taken meanwhile, as a batch:
+        the revision at their last can cut there but not below them."""
         state = self.progress
         state.aborted = False
         if time.monotonic() >= self.reap_after:  # (a waitpid per worker: at 1,000 it/s it shows)

@@ -266,9 +266,12 @@ def to_tensors(
 def subsample_hosts(batch: RunTensors, workers: int, rng: np.random.Generator) -> RunTensors:
     """The windows of ``batch`` on g of its G hosts, drawn at random without replacement, whole
     hosts (a host's slow spell is one term of the likelihood), g = ``workers`` / the mean host
-    size (at least 1); ``weight`` G / g makes the likelihood an unbiased estimate of all the
-    hosts'. Unchanged (and no draw taken) when ``workers`` is 0 or the run has no more
-    workers than that."""
+    size (at least 1); ``weight`` G / g makes the likelihood, for a given path of z, an
+    unbiased estimate of all the hosts'. The guide's encoder pools over the hosts drawn, so the
+    path is drawn given them and the step's ELBO is an approximation of the whole one, not an
+    unbiased estimate (the predictor's encoder pools over every worker). Unchanged (and no
+    draw taken) when ``workers`` is 0, the run has no more workers than that, or the run's
+    workers are all on one host."""
     n = batch.groups.numel()
     if workers <= 0 or n <= workers:
         return batch

@@ -410,8 +410,8 @@ FAR_LOG_P = (math.log(1e-3), math.log1p(-1e-3))  # ndtri_exp32: float64 outside 
 
 def float32_at_least(value: float) -> np.float32:
     """The least float32 not below ``value``."""
-    out = np.float32(value)
-    return out if out >= value else np.nextafter(out, np.float32(np.inf))
+    out = np.float32(value)  # compared in float64: numpy compares a float32 with a Python
+    return out if float(out) >= value else np.nextafter(out, np.float32(np.inf))  # float in 32
 
 
 def log_ndtr32(z: np.ndarray) -> np.ndarray:

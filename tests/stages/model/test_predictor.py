@@ -8,7 +8,13 @@ import torch
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
 from bdsgd.stages.model.data import Normaliser
-from bdsgd.stages.model.predictor import LEVEL_T_CLIP, load_predictor, log_ndtr32, ndtri_exp32
+from bdsgd.stages.model.predictor import (
+    LEVEL_T_CLIP,
+    float32_at_least,
+    load_predictor,
+    log_ndtr32,
+    ndtri_exp32,
+)
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from scipy.special import log_ndtr, ndtri_exp
 
@@ -290,3 +296,28 @@ def test_a_draw_whose_host_term_is_minus_infinity_gets_no_weight_not_nan(tmp_pat
         draws = pred.remaining(0.052, x, arrived, ~arrived)
     assert np.isneginf(weighed[0][0]) and np.isfinite(weighed[0][1:]).all()
     assert draws.shape == (64, 2) and np.isfinite(draws).all() and np.all(draws > 0.052)
+
+
+@pytest.mark.parametrize("value", [0.06, 0.7, 2.3, 1e-7, 0.5, 123.456])
+def test_float32_at_least_is_the_least_float32_not_below_the_value(value):
+    got = float32_at_least(value)
+    assert got.dtype == np.float32 and float(got) >= value
+    assert float(np.nextafter(got, np.float32(0.0))) < value
+
+
+def test_arrivals_one_at_a_time_on_interleaved_hosts_match_a_fresh_start(tmp_path):
+    # a single new arrival takes the short path (its host looked up directly, no grouping):
+    # with hosts a, b, a, b the sums must equal those of every arrival grouped at once
+    pred = host_pair_predictor(tmp_path, interleaved=True)
+    pred.sample(64)
+    x = np.array([0.05, 0.07, 0.055, 0.06])
+    arrived = np.zeros(4, dtype=bool)
+    for w in (1, 0, 3):  # one arrival per revision: hosts b, a, b
+        arrived[w] = True
+        pred.remaining(0.07, np.where(arrived, x, 0.0), arrived.copy(), ~arrived)
+    kept = [getattr(pred._arrivals, k).copy() for k in ("seen_arrived", "mixed", "mixed_sum")]
+    pred._arrivals.added = None  # forget: all three at once, grouped by host
+    pred.remaining(0.07, np.where(arrived, x, 0.0), arrived.copy(), ~arrived)
+    for before, name in zip(kept, ("seen_arrived", "mixed", "mixed_sum"), strict=True):
+        np.testing.assert_allclose(before, getattr(pred._arrivals, name), rtol=1e-12, atol=1e-9)
+    assert not np.allclose(kept[0][:, :, 0], kept[0][:, :, 1])  # the hosts' sums differ

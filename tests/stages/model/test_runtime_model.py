@@ -274,3 +274,15 @@ def test_the_encoders_pool_in_float64_matches_float32(lead):
     double = enc.double().pooled(y.double(), censored, present, ewma.double(), emb.double())
     assert single.shape == (*lead, enc.embed.out_features) and double.dtype == torch.float64
     torch.testing.assert_close(double.float(), single, rtol=1e-5, atol=1e-6)
+
+
+def test_the_emission_likelihood_counts_a_subsample_of_hosts_by_its_weight():
+    # fit --step-workers: a step on g of G hosts weighs their likelihood by G / g
+    model = RuntimeModel(ModelConfig(num_workers=8, num_hosts=2, z_dim=4, hidden=16))
+    batch = _window(6)
+    z = poutine.trace(model.guide).get_trace(batch).nodes["z"]["value"]
+    params = model.head(batch.worker_idx, batch.host_idx)
+    whole = model.emission_log_lik(z, batch, params)
+    weighed = model.emission_log_lik(z, dataclasses.replace(batch, weight=2.5), params)
+    torch.testing.assert_close(weighed, 2.5 * whole)
+    assert torch.all(whole != 0)
