@@ -46,6 +46,7 @@ when it lies above e: ``max(l_t, 0) c_t``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -235,6 +236,10 @@ class RunTensors:
     run's G hosts (:func:`subsample_hosts`), else 1."""
 
 
+PER_ENTRY = ("y", "censored", "present", "ewma", "sd", "feats", "known")
+"""The fields of :class:`RunTensors` with an entry per iteration and worker ((T, N[, F]))."""
+
+
 def run_history(
     y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor, groups: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
@@ -281,23 +286,13 @@ def subsample_hosts(batch: RunTensors, workers: int, rng: np.random.Generator) -
         return batch
     chosen = torch.as_tensor(np.sort(rng.choice(num_hosts, g, replace=False)))
     cols = torch.nonzero(torch.isin(batch.groups, chosen)).flatten()
-    groups = torch.unique(batch.groups[cols], return_inverse=True)[1]
-
-    def cut(x: torch.Tensor) -> torch.Tensor:
-        return x[:, :, cols]
-
-    return RunTensors(
-        cut(batch.y),
-        cut(batch.censored),
-        cut(batch.present),
-        cut(batch.ewma),
-        cut(batch.sd),
-        cut(batch.feats),
-        cut(batch.known),
-        batch.worker_idx[cols],
-        batch.host_idx[cols],
-        groups,
-        num_hosts / g,
+    return dataclasses.replace(
+        batch,
+        **{name: getattr(batch, name)[:, :, cols] for name in PER_ENTRY},
+        worker_idx=batch.worker_idx[cols],
+        host_idx=batch.host_idx[cols],
+        groups=torch.unique(batch.groups[cols], return_inverse=True)[1],
+        weight=num_hosts / g,
     )
 
 
@@ -311,19 +306,4 @@ def sample_windows(
     length = min(window, run.y.shape[0])
     starts = torch.as_tensor(rng.integers(0, run.y.shape[0] - length + 1, size=batch))
     idx = starts[:, None] + torch.arange(length)[None, :]
-
-    def cut(x: torch.Tensor) -> torch.Tensor:
-        return x[idx]
-
-    return RunTensors(
-        cut(run.y),
-        cut(run.censored),
-        cut(run.present),
-        cut(run.ewma),
-        cut(run.sd),
-        cut(run.feats),
-        cut(run.known),
-        run.worker_idx,
-        run.host_idx,
-        run.groups,
-    )
+    return dataclasses.replace(run, **{name: getattr(run, name)[idx] for name in PER_ENTRY})

@@ -193,7 +193,8 @@ class RuntimePredictor:
         once for the predictor's worker set: each worker's four components (bulk and tail
         without its host's jump, then with it) as offsets of the mean ``offsets`` (N, 4),
         factors of the sd ``sd_factors`` (N, 4) and log weights ``log_weights`` (N, 4); the
-        workers ordered by host ``by_host`` and their hosts ``groups_by_host``."""
+        workers ordered by host ``by_host`` and their hosts ``groups_by_host``; each worker's
+        host ``groups``; whether ``by_host`` is the workers' own order ``in_worker_order``."""
         if self._constants is None:
             p, hosts = self.params, self.host_index
             shift, jump, widen, log_pi, log_1m_pi = (
@@ -206,6 +207,8 @@ class RuntimePredictor:
                 "log_weights": np.stack([log_1m_pi, log_pi] * 2, -1),
                 "by_host": by_host,
                 "groups_by_host": hosts.groups.numpy()[by_host],
+                "groups": hosts.groups.numpy(),
+                "in_worker_order": bool(np.all(by_host[1:] > by_host[:-1])),
             }
         return self._constants
 
@@ -290,9 +293,6 @@ class Arrivals:
         # workers' rows instead of adding and multiplying them out again
         self.means = self.loc[:, :, None] + self.offsets
         self.sds = self.scale[:, :, None] * self.sd_factors
-        self.in_worker_order = bool(np.all(self.by_host[1:] > self.by_host[:-1]))
-        self.groups = np.empty_like(self.groups_by_host)  # each worker's host
-        self.groups[self.by_host] = self.groups_by_host
 
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
