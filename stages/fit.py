@@ -186,7 +186,8 @@ def _fit(
     model, norm, vocab = _setup_model(config, train_runs, prior)
     rng = np.random.default_rng(config.seed)
     shown = train_runs + [policy_censored(r, rng) for r in train_runs if config.censor_copy]
-    losses = train(model, [_tensors(r, norm, vocab) for r in shown], config)
+    features = model.cfg.num_features
+    losses = train(model, [_tensors(r, norm, vocab, features) for r in shown], config)
     ckpt = Checkpoint(model, norm, vocab, runs[-1].hosts, _plain(config), {})
     spans = recalibration_spans(runs, config.holdout)  # first half of the held-out part
     filtered = Filtered()  # both filter every run from its start to the held-out part
@@ -209,9 +210,9 @@ def _fit(
     )
 
 
-def _tensors(run: RunMatrix, norm: Normaliser, vocab: Vocab) -> RunTensors:
+def _tensors(run: RunMatrix, norm: Normaliser, vocab: Vocab, num_features: int) -> RunTensors:
     workers = vocab.worker_index(list(range(run.shape[1])))
-    return to_tensors(run, norm, workers, vocab.host_index(list(run.hosts)))
+    return to_tensors(run, norm, workers, vocab.host_index(list(run.hosts)), num_features)
 
 
 def policy_censored(

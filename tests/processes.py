@@ -66,20 +66,27 @@ def finish_sessions(*procs: subprocess.Popen, timeout: float) -> list[subprocess
             reader.join(timeout + REAP_S)
         if errors:
             raise errors[0]
-        done = []
-        for proc, output, reader in zip(procs, outputs, readers, strict=True):
-            if output is None:
-                kill_session(*procs)
+        if any(output is None for output in outputs):
+            kill_session(*procs)
+            for reader in readers:
                 reader.join(REAP_S)
-                out, err = _output_of_killed(proc)
-                pytest.fail(
-                    f"still running after {timeout} s: {shlex.join(map(str, proc.args))}\n"
-                    f"--- end of its stdout:\n{_tail(out)}\n--- end of its stderr:\n{_tail(err)}"
-                )
-            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, *output))
-        return done
+            pytest.fail(_report_timeout(procs, outputs, timeout))
+        return [subprocess.CompletedProcess(proc.args, proc.returncode, *output)
+                for proc, output in zip(procs, outputs, strict=True)]  # fmt: skip
     finally:
         kill_session(*procs)
+
+
+def _report_timeout(procs, outputs, timeout: float) -> str:
+    """Every process's state and the end of its output, the finished ones' too (a node that
+    failed is often why another still waits)."""
+    parts = []
+    for i, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
+        state = "still running" if output is None else f"exited {proc.returncode}"
+        out, err = _output_of_killed(proc) if output is None else output
+        parts.append(f"--- [{i}] {state} after {timeout} s: {shlex.join(map(str, proc.args))}\n"
+                     f"--- end of its stdout:\n{_tail(out)}\n--- end of its stderr:\n{_tail(err)}")  # fmt: skip
+    return "\n".join(parts)
 
 
 def run_in_sessions(

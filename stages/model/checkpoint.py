@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from bdsgd.schemas.trace_v1 import MAX_WORLD_SIZE
 from bdsgd.stages.errors import CheckpointError, first_line
-from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.data import BASE_FEATURES, FEATURE_SETS, Normaliser
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
@@ -184,7 +184,10 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 def _model_config(values: dict) -> ModelConfig:
     """The network sizes, each an integer within :data:`SIZE_LIMITS`."""
-    cfg = ModelConfig(**values)
+    cfg = ModelConfig(**{"num_features": BASE_FEATURES, **values})  # (older: no position)
+    if type(cfg.num_features) is not int or cfg.num_features not in FEATURE_SETS:
+        raise ValueError(f"model_config num_features {cfg.num_features!r} is not one of "
+                         f"{FEATURE_SETS}")  # fmt: skip
     for name, (low, high) in SIZE_LIMITS.items():
         size = getattr(cfg, name)
         if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:

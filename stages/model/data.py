@@ -26,7 +26,14 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
   censored last value is its bound u, taken as it is where it says the worker is slower than
   thought: the model learns what a bound says), and ``|l_t| (1 - c_t)``;
 - the median of the uncensored ``l_t`` over the worker's host and over all workers (robust to one
-  worker's spike: a host's regime switch moves the host median, a spike does not).
+  worker's spike: a host's regime switch moves the host median, a spike does not);
+- the position in the run (:data:`POSITION_FEATURES`): whether t is 1, 2 or 3, and
+  ``(1 - alpha_slow)^t`` for t >= 1, the weight the slow EWMA still gives the run's first
+  iteration. A job's first iterations are often slower or faster than its steady pace (warm-up,
+  caches, autotuning), and every run is anchored at its first iteration, so the network needs to
+  know how far into the run it is: the history features alone look the same at a window's start
+  as at the run's. A fit's windows start anywhere in a run; these features do not depend on the
+  window.
 
 The censoring flags themselves are not features: whether a worker was cut off says as much about
 the policy that chose c as about the worker, and a model that learnt "censored means slow" from
@@ -56,7 +63,13 @@ from bdsgd.stages.store import RunMatrix
 
 ALPHA_SLOW = 0.1
 ALPHA_FAST = 0.5
-NUM_FEATURES = 8
+BASE_FEATURES = 8
+"""The history features of checkpoints written before the position features (their
+``model_config`` has no ``num_features``)."""
+POSITION_FEATURES = 4
+NUM_FEATURES = BASE_FEATURES + POSITION_FEATURES
+FEATURE_SETS = (BASE_FEATURES, NUM_FEATURES)
+"""The numbers of features a model can take: without and with the run position."""
 INIT_VAR = 0.25
 MIN_VAR = 1e-4
 
@@ -153,8 +166,12 @@ def group_median(values: torch.Tensor, valid: torch.Tensor, table: torch.Tensor)
 class HistoryFilter:
     """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
 
-    def __init__(self, groups: torch.Tensor):
+    def __init__(self, groups: torch.Tensor, num_features: int = NUM_FEATURES):
+        if num_features not in FEATURE_SETS:
+            raise ValueError(f"num_features {num_features} is not one of {FEATURE_SETS}")
         n = groups.numel()
+        self.position = num_features == NUM_FEATURES
+        self.steps = 0  # iterations folded in: the position in the run of the next one
         self.groups = groups
         self.table = group_table(groups)
         self.all = torch.arange(n + 1).unsqueeze(0)
@@ -171,8 +188,9 @@ class HistoryFilter:
         return (total / count.clamp(min=1.0))[self.groups]
 
     def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(e, sd, f, k): slow mean (N,), spread (N,), features (N, NUM_FEATURES) =
-        [r, q, e, l (1 - c), l c, |l| (1 - c), l_host, l_all] (see the module docstring), and
+        """(e, sd, f, k): slow mean (N,), spread (N,), features (N, F) =
+        [r, q, e, l (1 - c), l c, |l| (1 - c), l_host, l_all] and, with the position,
+        [t == 1, t == 2, t == 3, (1 - alpha_slow)^t (t >= 1)] (see the module docstring), and
         ``known`` (N,) bool: the worker's last value was seen exactly."""
         r = (self.fast - self.slow) * self.seen
         lag = (self.last - self.slow) * self.seen
@@ -191,6 +209,8 @@ class HistoryFilter:
             l_host,
             l_all,
         ]
+        if self.position:
+            feats += [lag.new_full(lag.shape, v) for v in position_features(self.steps)]
         return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1), known
 
     def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
@@ -213,6 +233,13 @@ class HistoryFilter:
         var = (1 - ALPHA_SLOW) * (self.var + ALPHA_SLOW * diff**2)
         self.var = torch.where(use, var, self.var).clamp(min=MIN_VAR)
         self.fast = torch.where(use, self.fast + ALPHA_FAST * (target - self.fast), self.fast)
+        self.steps += 1
+
+
+def position_features(t: int) -> tuple[float, ...]:
+    """The :data:`POSITION_FEATURES` of the run's iteration ``t`` (0 first): all 0 at t = 0."""
+    decay = (1.0 - ALPHA_SLOW) ** t if t >= 1 else 0.0
+    return float(t == 1), float(t == 2), float(t == 3), decay
 
 
 @dataclass(frozen=True)
@@ -241,10 +268,14 @@ PER_ENTRY = ("y", "censored", "present", "ewma", "sd", "feats", "known")
 
 
 def run_history(
-    y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor, groups: torch.Tensor
+    y: torch.Tensor,
+    censored: torch.Tensor,
+    present: torch.Tensor,
+    groups: torch.Tensor,
+    num_features: int = NUM_FEATURES,
 ) -> tuple[torch.Tensor, ...]:
     """History features before each iteration: e (T, N), sd (T, N), f (T, N, F), known (T, N)."""
-    hist = HistoryFilter(groups)
+    hist = HistoryFilter(groups, num_features)
     outs: tuple[list[torch.Tensor], ...] = ([], [], [], [])
     for t in range(y.shape[0]):
         for out, value in zip(outs, hist.features(), strict=True):
@@ -254,17 +285,21 @@ def run_history(
 
 
 def to_tensors(
-    run: RunMatrix, norm: Normaliser, worker_idx: torch.Tensor, host_idx: torch.Tensor
+    run: RunMatrix,
+    norm: Normaliser,
+    worker_idx: torch.Tensor,
+    host_idx: torch.Tensor,
+    num_features: int = NUM_FEATURES,
 ) -> RunTensors:
     """Normalise a run (about its anchor where ``norm`` is anchored; missing entries: y = 0,
-    present = False) and compute its features."""
+    present = False) and compute its ``num_features`` features (the model's)."""
     norm = norm.for_run(run)
     present = torch.as_tensor(run.present & np.isfinite(run.runtimes))
     raw = np.where(present.numpy(), run.runtimes, 1.0)
     y = torch.as_tensor(norm.normalise(raw), dtype=torch.float32) * present
     censored = torch.as_tensor(run.censored) & present
     groups = host_groups(run.hosts)
-    e, sd, f, known = run_history(y, censored, present, groups)
+    e, sd, f, known = run_history(y, censored, present, groups, num_features)
     return RunTensors(y, censored, present, e, sd, f, known, worker_idx, host_idx, groups)
 
 

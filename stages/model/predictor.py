@@ -67,7 +67,7 @@ class RuntimePredictor:
         self._arrivals: Arrivals | None = None
         self._constants: dict[str, np.ndarray] | None = None
         self.rng = np.random.default_rng(seed if seed is not None else 0)
-        self.hist = HistoryFilter(self.host_index.groups)
+        self.hist = HistoryFilter(self.host_index.groups, model.cfg.num_features)
         with torch.inference_mode():
             self.params = model.head(worker_idx, host_idx)
             self.nets = DrawNets(model, self.params)

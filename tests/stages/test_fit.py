@@ -269,3 +269,35 @@ def test_a_fit_on_a_subsample_of_hosts_weighs_the_likelihood_up(tmp_path, monkey
     assert result.val_nll is not None and np.isfinite(result.val_nll)
     with pytest.raises(ConfigError, match="step_workers"):
         _config(tmp_path, step_workers=-1)
+
+
+def _slow_start_runs(runs: int, iterations: int, workers: int, seed: int) -> list[RunMatrix]:
+    """Runs at random levels whose iteration 1 (the second) is twice as slow as the others."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in range(runs):
+        level = np.log(0.05) + rng.uniform(-0.5, 0.5)
+        x = np.exp(level + 0.1 * rng.standard_normal((iterations, workers)))
+        x[1] *= 2.0
+        full = np.ones(x.shape, dtype=bool)
+        hosts = tuple(f"h{w % 2}" for w in range(workers))
+        out.append(RunMatrix(f"run{r}", x, ~full, full, hosts))
+    return out
+
+
+def test_a_fit_learns_a_slow_start_from_the_run_position(tmp_path):
+    """Every fitted run's second iteration is twice as slow: a new run's predictive for its
+    second iteration is slower than for its later ones (without the position features, the
+    history looks the same there as anywhere, and the ratio came out 1.00)."""
+    store = TraceStore(tmp_path / "t")
+    for run in _slow_start_runs(6, 20, 8, seed=0):
+        store.append(matrix_rows(run))
+    config = _config(tmp_path, traces=tmp_path / "t", steps=400, window=20, batch=4, holdout=0.0)
+    run_fit(config)
+    new = _slow_start_runs(1, 8, 8, seed=9)[0]
+    predictor = load_predictor(config.checkpoint, list(range(8)), list(new.hosts), seed=0)
+    medians = []
+    for t in range(8):
+        medians.append(float(np.median(predictor.sample(256).numpy())))
+        predictor.observe(new.runtimes[t], new.censored[t])
+    assert medians[1] > 1.3 * max(medians[2:])

@@ -168,6 +168,12 @@ CRAFTED = {
     "negative level dof": (_set("norm", "level_dof", value=-1), "norm level_dof -1"),
     "fractional level dof": (_set("norm", "level_dof", value=2.5), "norm level_dof 2.5"),
     "boolean level dof": (_set("norm", "level_dof", value=True), "norm level_dof True"),
+    "unknown feature count": (_set("model_config", "num_features", value=10), "num_features 10"),
+    "float feature count": (_set("model_config", "num_features", value=12.0), "num_features 12.0"),
+    "position features the weights lack": (
+        _set("model_config", "num_features", value=8),
+        'Unexpected key.*"head.position_w"',
+    ),
 }
 
 
@@ -240,3 +246,22 @@ def test_an_anchored_normalisation_round_trips_and_an_older_file_reads_unanchore
     payload = torch.load(save_checkpoint(tmp_path / "old.pt", older), weights_only=True)
     assert set(payload["norm"]) == {"loc", "scale"}  # what a file before the anchor holds
     assert load_checkpoint(tmp_path / "old.pt").norm == Normaliser(-3.0, 0.5, False, 0.0)
+
+
+def test_a_checkpoint_from_before_the_position_features_loads_and_predicts(tmp_path):
+    """A file whose model_config has no num_features was written with the 8 history features:
+    it loads as such, and its predictor computes those 8 (not the 12 of a new fit)."""
+    torch.manual_seed(0)
+    old_cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=8)
+    old = dataclasses.replace(_checkpoint(), model=RuntimeModel(old_cfg))
+    path = save_checkpoint(tmp_path / "m.pt", old)
+    payload = torch.load(path, weights_only=True)
+    del payload["model_config"]["num_features"]
+    torch.save(payload, path)
+    loaded = load_checkpoint(path)
+    assert loaded.model.cfg.num_features == 8 == _checkpoint().model.cfg.num_features - 4
+    predictors = [predictor_from(c, seed=3) for c in (loaded, old)]
+    for predictor in predictors:
+        predictor.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
+    assert predictors[0].hist.features()[2].shape == (4, 8)
+    torch.testing.assert_close(predictors[0].sample(8), predictors[1].sample(8))

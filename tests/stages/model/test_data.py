@@ -6,10 +6,12 @@ import numpy as np
 import torch
 from bdsgd.stages.estimators import EwmaLogNormal
 from bdsgd.stages.model.data import (
+    BASE_FEATURES,
     NUM_FEATURES,
     HistoryFilter,
     Normaliser,
     host_groups,
+    run_history,
     sample_windows,
     subsample_hosts,
     to_tensors,
@@ -61,8 +63,44 @@ def test_host_feature_is_shared_by_a_host_and_missing_entries_change_nothing():
         torch.full((4,), 9.0), torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool)
     )
     feats = hist.features()[2]
-    assert torch.equal(feats, before)
+    assert torch.equal(feats[:, :BASE_FEATURES], before[:, :BASE_FEATURES])
     assert feats[0, 1] == feats[2, 1] and feats[0, 1] > 0 and feats[1, 1] == 0
+    # the iteration still happened: the run's position moved from t = 2 to t = 3
+    assert torch.equal(before[:, BASE_FEATURES:], torch.tensor([0.0, 1.0, 0.0, 0.81]).expand(4, 4))
+    assert torch.allclose(
+        feats[:, BASE_FEATURES:], torch.tensor([0.0, 0.0, 1.0, 0.729]).expand(4, 4)
+    )
+
+
+def test_the_position_features_mark_the_runs_first_iterations_only():
+    """All 0 before the run's first iteration; t == 1, 2, 3 one-hot, and the slow EWMA's weight
+    on the first iteration, (1 - alpha)^t, which fades over the run."""
+    hist = HistoryFilter(host_groups(["a", "b"]))
+    seen = []
+    for _ in range(30):
+        seen.append(hist.features()[2][0, BASE_FEATURES:].tolist())
+        hist.update(
+            torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.ones(2, dtype=torch.bool)
+        )
+    seen = np.array(seen)
+    assert seen[0].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert seen[1:4, :3].tolist() == np.eye(3).tolist() and not seen[4:, :3].any()
+    np.testing.assert_allclose(seen[1:, 3], 0.9 ** np.arange(1, 30), rtol=1e-6)
+    assert HistoryFilter(host_groups(["a"]), BASE_FEATURES).features()[2].shape == (
+        1,
+        BASE_FEATURES,
+    )
+
+
+def test_a_model_without_the_position_features_sees_none():
+    """A checkpoint from before the position features: its 8 features are the first 8 of the
+    12, at every iteration."""
+    x, _, hosts = drifting_cluster(12, 4, 2, seed=1, cutoff=3)
+    y = torch.as_tensor(np.log(x), dtype=torch.float32)
+    cens, present = torch.zeros_like(y, dtype=torch.bool), torch.ones_like(y, dtype=torch.bool)
+    new = run_history(y, cens, present, host_groups(hosts))[2]
+    old = run_history(y, cens, present, host_groups(hosts), BASE_FEATURES)[2]
+    assert old.shape[-1] == BASE_FEATURES and torch.equal(old, new[..., :BASE_FEATURES])
 
 
 def test_windows_come_from_one_run_and_keep_its_worker_set():

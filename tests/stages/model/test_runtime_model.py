@@ -11,10 +11,17 @@ import pyro.distributions as dist
 import pytest
 import torch
 from bdsgd.stages.estimators import lognormal_logpdf_or_logsf
-from bdsgd.stages.model.data import NUM_FEATURES, Normaliser, sample_windows, to_tensors
+from bdsgd.stages.model.data import (
+    BASE_FEATURES,
+    NUM_FEATURES,
+    Normaliser,
+    sample_windows,
+    to_tensors,
+)
 from bdsgd.stages.model.latent_path import FilteredPath, MarkovPath
 from bdsgd.stages.model.runtime_model import (
     CENSORED_WEIGHT,
+    POSITION_RATE,
     HostIndex,
     ModelConfig,
     RuntimeModel,
@@ -286,3 +293,26 @@ def test_the_emission_likelihood_counts_a_subsample_of_hosts_by_its_weight():
     weighed = model.emission_log_lik(z, dataclasses.replace(batch, weight=2.5), params)
     torch.testing.assert_close(weighed, 2.5 * whole)
     assert torch.all(whole != 0)
+
+
+def test_the_run_position_weights_are_every_workers_and_start_at_zero():
+    """g, h and j carry the position features' weights after the history features': one set,
+    the same for every worker (known or not), zero at initialisation (a fresh model starts as
+    one without them), and a gradient reaches them."""
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=6, num_hosts=2, z_dim=4, hidden=16))
+    params = model.head(torch.arange(7), torch.tensor([0, 1, 2, 1, 2, 1, 2]))
+    for weights in (params.g, params.h, params.jump_w):
+        assert weights.shape == (7, NUM_FEATURES)
+        assert not weights[:, BASE_FEATURES:].any()
+        assert weights[:, :BASE_FEATURES].std(dim=0).min() > 0  # the history weights: per worker
+    with torch.no_grad():
+        model.head.position_w.copy_(torch.arange(12.0).reshape(3, 4))
+    params = model.head(torch.arange(7), torch.tensor([0, 1, 2, 1, 2, 1, 2]))
+    shared = [p[:, BASE_FEATURES:] for p in (params.g, params.h, params.jump_w)]
+    for i, weights in enumerate(shared):
+        assert torch.equal(
+            weights, (POSITION_RATE * torch.arange(4.0) + 4 * i * POSITION_RATE).expand(7, 4)
+        )
+    sum(w.sum() for w in shared).backward()
+    assert model.head.position_w.grad is not None and model.head.position_w.grad.abs().min() > 0

@@ -1,0 +1,28 @@
+"""The test helpers that run commands in sessions: a timeout reports every command's output."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.processes import run_in_sessions
+
+
+def test_a_timeout_reports_the_finished_commands_too():
+    """One command outlives the timeout, the other failed at once: the failure shows both, the
+    finished one's exit status and stderr included (it is often why the other still waits)."""
+    sleeper = [sys.executable, "-c", "print('waiting', flush=True); import time; time.sleep(60)"]
+    failer = [sys.executable, "-c", "import sys; sys.exit('boom: node failed')"]
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_in_sessions([sleeper, failer], timeout=3)
+    message = str(failed.value)
+    assert "[0] still running" in message and "waiting" in message
+    assert "[1] exited 1" in message and "boom: node failed" in message
+
+
+def test_commands_that_finish_return_their_outputs_in_order():
+    cmds = [[sys.executable, "-c", f"import sys; print({i}); sys.exit({i})"] for i in range(3)]
+    done = run_in_sessions(cmds, timeout=60)
+    assert [d.returncode for d in done] == [0, 1, 2]
+    assert [d.stdout.strip() for d in done] == ["0", "1", "2"]
