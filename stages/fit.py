@@ -37,6 +37,7 @@ from bdsgd.stages.model.checkpoint import (
 )
 from bdsgd.stages.model.clipped_adam import FusedClippedAdam
 from bdsgd.stages.model.data import (
+    NUM_FEATURES,
     Normaliser,
     RunTensors,
     sample_windows,
@@ -295,6 +296,7 @@ def _setup_model(
             **prior.model.cfg.to_dict(),
             "num_workers": len(vocab.worker_ids),
             "num_hosts": len(vocab.host_names),
+            "num_features": NUM_FEATURES,  # a prior without the position gains it (weights 0)
         }
     )
     model = RuntimeModel(cfg)

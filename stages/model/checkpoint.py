@@ -27,12 +27,15 @@ from pathlib import Path
 import torch
 from bdsgd.schemas.trace_v1 import MAX_WORLD_SIZE
 from bdsgd.stages.errors import CheckpointError, first_line
-from bdsgd.stages.model.data import BASE_FEATURES, FEATURE_SETS, Normaliser
+from bdsgd.stages.model.data import BASE_FEATURES, Normaliser
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
-VERSION = 4
+VERSION = 5
+READS = (4, 5)
+"""The versions this bdsgd reads: 4 is 5 without the run-position features (its
+``model_config`` has no ``num_features``); a bdsgd that reads 4 only says it cannot read 5."""
 NO_RECALIBRATION = (0.0, 0.0, 1.0, 1.0)  # common: shift, sd, widen, tighten
 REQUIRED_KEYS = frozenset({"format", "version", "model_config", "state_dict", "norm"})
 """What every checkpoint bdsgd has written holds, whatever its version."""
@@ -184,10 +187,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 def _model_config(values: dict) -> ModelConfig:
     """The network sizes, each an integer within :data:`SIZE_LIMITS`."""
-    cfg = ModelConfig(**{"num_features": BASE_FEATURES, **values})  # (older: no position)
-    if type(cfg.num_features) is not int or cfg.num_features not in FEATURE_SETS:
-        raise ValueError(f"model_config num_features {cfg.num_features!r} is not one of "
-                         f"{FEATURE_SETS}")  # fmt: skip
+    cfg = ModelConfig(**{"num_features": BASE_FEATURES, **values})  # (version 4: no position)
     for name, (low, high) in SIZE_LIMITS.items():
         size = getattr(cfg, name)
         if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:
@@ -264,18 +264,23 @@ def _read_payload(path: Path) -> dict:
     payload = load_plain(path, "checkpoint")
     if payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a bdsgd run-time model checkpoint")
-    if payload.get("version") != VERSION:
+    version = payload.get("version")
+    if type(version) is not int or version not in READS:
         raise CheckpointError(
-            f"{path}: checkpoint version {payload.get('version')!r} is not supported "
-            f"(this bdsgd reads version {VERSION}); fit again"
+            f"{path}: checkpoint version {version!r} is not supported "
+            f"(this bdsgd reads versions {READS[0]}-{READS[-1]}); fit again"
         )
     return payload
 
 
 def grown_state_dict(model: RuntimeModel, old: RuntimeModel) -> dict:
     """``old``'s weights for ``model``, whose embedding tables may have more rows: the rows ``old``
-    knows are copied, new ones start as ``old``'s unknown row (0)."""
+    knows are copied, new ones start as ``old``'s unknown row (0). A model with the run-position
+    features grown from one without starts their weights at 0: it predicts as ``old`` did."""
     state = {k: v.clone() for k, v in old.state_dict().items()}
+    for name, value in model.state_dict().items():
+        if name not in state and name == "head.position_w":
+            state[name] = torch.zeros_like(value)
     for name in ("head.worker_emb.weight", "head.host_emb.weight"):
         target = model.state_dict()[name]
         grown = state[name][0].expand_as(target).clone()

@@ -29,7 +29,9 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
   worker's spike: a host's regime switch moves the host median, a spike does not);
 - the position in the run (:data:`POSITION_FEATURES`): whether t is 1, 2 or 3, and
   ``(1 - alpha_slow)^t`` for t >= 1, the weight the slow EWMA still gives the run's first
-  iteration. A job's first iterations are often slower or faster than its steady pace (warm-up,
+  iteration; t counts the iterations with an entry before this one (a row of a trace where no
+  worker has one, as an imported log numbered from 1 leaves, is none: ``simulate`` and a resumed
+  ``train`` skip such rows, and the anchor is the first row with an entry). A job's first iterations are often slower or faster than its steady pace (warm-up,
   caches, autotuning), and every run is anchored at its first iteration, so the network needs to
   know how far into the run it is: the history features alone look the same at a window's start
   as at the run's. A fit's windows start anywhere in a run; these features do not depend on the
@@ -167,11 +169,11 @@ class HistoryFilter:
     """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
 
     def __init__(self, groups: torch.Tensor, num_features: int = NUM_FEATURES):
-        if num_features not in FEATURE_SETS:
+        if type(num_features) is not int or num_features not in FEATURE_SETS:
             raise ValueError(f"num_features {num_features} is not one of {FEATURE_SETS}")
         n = groups.numel()
         self.position = num_features == NUM_FEATURES
-        self.steps = 0  # iterations folded in: the position in the run of the next one
+        self.steps = 0  # iterations with an entry folded in: the next one's position in the run
         self.groups = groups
         self.table = group_table(groups)
         self.all = torch.arange(n + 1).unsqueeze(0)
@@ -233,7 +235,7 @@ class HistoryFilter:
         var = (1 - ALPHA_SLOW) * (self.var + ALPHA_SLOW * diff**2)
         self.var = torch.where(use, var, self.var).clamp(min=MIN_VAR)
         self.fast = torch.where(use, self.fast + ALPHA_FAST * (target - self.fast), self.fast)
-        self.steps += 1
+        self.steps += int(bool(present.any()))  # a row with no entry is no iteration of the run
 
 
 def position_features(t: int) -> tuple[float, ...]:

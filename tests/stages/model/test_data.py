@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from bdsgd.stages.estimators import EwmaLogNormal
 from bdsgd.stages.model.data import (
@@ -63,13 +64,9 @@ def test_host_feature_is_shared_by_a_host_and_missing_entries_change_nothing():
         torch.full((4,), 9.0), torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool)
     )
     feats = hist.features()[2]
-    assert torch.equal(feats[:, :BASE_FEATURES], before[:, :BASE_FEATURES])
+    assert torch.equal(feats, before)  # the run's position too: a row with no entry is none
     assert feats[0, 1] == feats[2, 1] and feats[0, 1] > 0 and feats[1, 1] == 0
-    # the iteration still happened: the run's position moved from t = 2 to t = 3
     assert torch.equal(before[:, BASE_FEATURES:], torch.tensor([0.0, 1.0, 0.0, 0.81]).expand(4, 4))
-    assert torch.allclose(
-        feats[:, BASE_FEATURES:], torch.tensor([0.0, 0.0, 1.0, 0.729]).expand(4, 4)
-    )
 
 
 def test_the_position_features_mark_the_runs_first_iterations_only():
@@ -90,6 +87,20 @@ def test_the_position_features_mark_the_runs_first_iterations_only():
         1,
         BASE_FEATURES,
     )
+    with pytest.raises(ValueError, match="num_features 12.0"):
+        HistoryFilter(host_groups(["a"]), 12.0)
+
+
+def test_rows_without_an_entry_are_no_iteration_of_the_run():
+    """An imported log numbered from 1 leaves row 0 empty: the position counts from the first
+    row with an entry, as simulate and a resumed train (which skip such rows) count."""
+    y = torch.zeros(4, 2)
+    present = torch.ones(4, 2, dtype=torch.bool)
+    present[0] = False
+    feats = run_history(y, torch.zeros_like(present), present, host_groups(["a", "b"]))[2]
+    positions = feats[:, 0, BASE_FEATURES:]
+    assert positions[:2].tolist() == [[0.0] * 4, [0.0] * 4]  # before the first entry, and at it
+    assert positions[2, 0] == 1.0 and positions[3, 1] == 1.0
 
 
 def test_a_model_without_the_position_features_sees_none():

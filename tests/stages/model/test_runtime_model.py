@@ -316,3 +316,9 @@ def test_the_run_position_weights_are_every_workers_and_start_at_zero():
         )
     sum(w.sum() for w in shared).backward()
     assert model.head.position_w.grad is not None and model.head.position_w.grad.abs().min() > 0
+
+
+@pytest.mark.parametrize("count", [0, 4, 10, 12.0, True])
+def test_a_model_takes_8_or_12_features_only(count):
+    with pytest.raises(ValueError, match="num_features"):
+        ModelConfig(num_workers=2, num_hosts=1, num_features=count)
