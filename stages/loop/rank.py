@@ -115,6 +115,7 @@ class Cutoff:
         machines = _gather(socket.gethostname())
         self.hosts = emulated or machines
         self.flat = self._flat_buffer()
+        self.grad_views = self._grad_views()
         self.t = 0
         self.last: IterationResult | None = None
         self.rule: str | None = None
@@ -249,6 +250,33 @@ class Cutoff:
         numel = sum(p.numel() for p in self.params)
         return torch.zeros(numel + STATS, dtype=dtype, device=self.device)
 
+    def _grad_views(self) -> list[torch.Tensor]:
+        """Each parameter's slice of the all-reduce buffer, shaped as the parameter."""
+        views, offset = [], 0
+        for p in self.params:
+            views.append(self.flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
+
+    def _attach_grads(self) -> None:
+        """Every parameter without a gradient (``zero_grad(set_to_none=True)``) gets its zeroed
+        slice of the all-reduce buffer as ``.grad``, as DDP's ``gradient_as_bucket_view``: the
+        backward then accumulates into the buffer, and the all-reduce needs no copy in or out
+        (for a GPT-2 of 52 tensors, 104 copies and two passes over the gradient a step). A
+        gradient the user set otherwise is copied in and out as before."""
+        fresh = [i for i, p in enumerate(self.params) if p.grad is None and self._fits(p)]
+        if len(fresh) == len(self.params):
+            self.flat[: self.flat.numel() - STATS].zero_()  # (one pass, not one per tensor)
+        else:
+            for i in fresh:
+                self.grad_views[i].zero_()
+        for i in fresh:
+            self.params[i].grad = self.grad_views[i]
+
+    def _fits(self, p: torch.Tensor) -> bool:
+        """Whether the buffer can hold ``p``'s gradient as ``.grad`` (same dtype and device)."""
+        return p.dtype == self.flat.dtype and p.device == self.flat.device
+
     def _start_coordinator(self):
         """The coordinator thread on ``coordinator_rank``; a policy that cannot be built is
         the same one-line error on every rank."""
@@ -272,14 +300,14 @@ class Cutoff:
         parameter becomes the average over the admitted samples."""
         flat, numel = self.flat, self.flat.numel() - STATS
         contributes = admitted or (self.cfg.salvage and it.samples > 0)
-        offset = 0
-        for p in self.params:
-            view = flat[offset : offset + p.numel()]
-            if contributes and p.grad is not None:
-                view.copy_(p.grad.reshape(-1))
-            else:
-                view.zero_()
-            offset += p.numel()
+        if not contributes:
+            flat[:numel].zero_()
+        else:
+            for p, view in zip(self.params, self.grad_views, strict=True):
+                if p.grad is None:
+                    view.zero_()
+                elif not _is_view(p.grad, view):  # a gradient the user set: copied in
+                    view.copy_(p.grad)
         samples = it.samples if contributes else 0.0
         flat[numel:] = torch.tensor(
             [
@@ -302,14 +330,18 @@ class Cutoff:
                                stop=stats[4] > 0)  # fmt: skip
 
     def _write_back(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            view = flat[offset : offset + p.numel()].view_as(p)
-            if p.grad is None or p.grad.dtype != p.dtype or p.grad.shape != p.shape:
+        """Every ``.grad`` the average: a view of the buffer already is; one the user set gets
+        it copied; a missing one becomes the buffer's view (its own dtype's copy if the
+        parameter's dtype is not the buffer's)."""
+        for p, view in zip(self.params, self.grad_views, strict=True):
+            if p.grad is not None and _is_view(p.grad, view):
+                continue
+            if p.grad is None and self._fits(p):
+                p.grad = view
+            elif p.grad is None or p.grad.dtype != p.dtype or p.grad.shape != p.shape:
                 p.grad = view.to(p.dtype).clone()
             else:
                 p.grad.copy_(view)
-            offset += p.numel()
 
 
 class Iteration:
@@ -334,6 +366,7 @@ class Iteration:
             cut.t0 = self.began
             if cut.coordinator is not None:
                 cut.coordinator.start(cut.t0)
+        cut._attach_grads()
         cut.timer.start()
         if cut.coordinator is not None:
             cut.coordinator.begin(self.t, self.began)
@@ -447,6 +480,11 @@ class Iteration:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _is_view(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is the buffer slice ``view`` itself (not a copy of it)."""
+    return grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
+
+
 def split_batch(batch, parts: int) -> list:
     """``batch`` cut along its first dimension into at most ``parts`` micro-batches."""
     n = batch_size(batch)

@@ -36,6 +36,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--out")
     ap.add_argument("--traces")
+    ap.add_argument("--grad-modes", default="none",
+                    help="how each step clears the gradients, in turn: none (set to None), "
+                         "keep (zeroed in place), foreign (new tensors the script sets)")  # fmt: skip
     ap.add_argument("--result", required=True)
     return ap.parse_args()
 
@@ -100,15 +103,17 @@ def distributed(args) -> None:
     for _ in range(start):
         next(batches)
     seen = {"world_size": dist.get_world_size(), "start": start, "samples": [], "admitted": [],
-            "cut": []}  # fmt: skip
+            "cut": [], "in_buffer": []}  # fmt: skip
+    modes = args.grad_modes.split(",")
     for step in range(start, args.steps):
         with cut.iteration() as it:
             for x, y in it.micro_batches(next(batches)):
                 it.backward(loss_of(model, x, y))
+        seen["in_buffer"].append(grads_in_buffer(cut))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         cut.step(opt)
         sched.step()
-        opt.zero_grad(set_to_none=True)
+        clear_grads(model, opt, modes[step % len(modes)])
         seen["samples"].append(cut.last.samples)
         seen["admitted"].append(cut.last.admitted)
         seen["cut"].append(cut.last.cut)
@@ -127,6 +132,20 @@ def distributed(args) -> None:
     gc.collect()
     seen["gloo_threads_after_destroy"] = gloo_threads()
     write(args.result, rank, model, seen)
+
+
+def grads_in_buffer(cut) -> bool:
+    """Whether every ``.grad`` is its slice of the all-reduce buffer (no copy in or out)."""
+    pairs = zip(cut.params, cut.grad_views, strict=True)
+    return all(p.grad.data_ptr() == view.data_ptr() for p, view in pairs)
+
+
+def clear_grads(model, opt, mode: str) -> None:
+    if mode == "foreign":  # the script's own zeroed tensors: bdsgd copies in and out
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+    else:
+        opt.zero_grad(set_to_none=mode == "none")
 
 
 def gloo_threads() -> int | None:

@@ -40,14 +40,18 @@ def flat(params: list) -> np.ndarray:
 @pytest.mark.slow
 def test_full_policy_is_the_whole_batch_step_of_one_process(tmp_path):
     """AdamW, warmup then cosine, clipping and bf16 autocast, micro-batches: two ranks under
-    ``full`` take the step one process takes on both ranks' batches at once."""
-    ranks_ok(run_ranks(2, "--steps", "5", "--micro-batches", "2", "--result", str(tmp_path / "d")))
+    ``full`` take the step one process takes on both ranks' batches at once. The gradients are
+    cleared in each of the three ways in turn: set to None and zeroed in place, the backward
+    accumulates into the all-reduce buffer; set to the script's own tensors, they are copied."""
+    ranks_ok(run_ranks(2, "--steps", "5", "--micro-batches", "2", "--result", str(tmp_path / "d"),
+                       "--grad-modes", "none,keep,foreign"))  # fmt: skip
     subprocess.run([sys.executable, str(SCRIPT), "--single", "--steps", "5", "--result",
                     str(tmp_path / "s")], check=True, timeout=120)  # fmt: skip
     r0, r1, ref = load(tmp_path / "d", 0), load(tmp_path / "d", 1), load(tmp_path / "s", 0)
     assert r0["params"] == r1["params"]
     group_released(r0, r1)
     assert r0["world_size"] == 2 and r0["admitted"] == [2] * 5 and r0["samples"] == [32.0] * 5
+    assert r0["in_buffer"] == r1["in_buffer"] == [True, True, True, False, True]
     np.testing.assert_allclose(flat(r0["params"]), flat(ref["params"]), rtol=0, atol=1e-3)
     moved = np.abs(flat(r0["params"]) - flat(load_initial())).max()
     assert moved > 20 * 1e-3  # the tolerance is small beside what five steps move
