@@ -251,10 +251,17 @@ class Cutoff:
         return torch.zeros(numel + STATS, dtype=dtype, device=self.device)
 
     def _grad_views(self) -> list[torch.Tensor]:
-        """Each parameter's slice of the all-reduce buffer, shaped as the parameter."""
+        """Each parameter's slice of the all-reduce buffer, shaped as the parameter and, where
+        the parameter is dense (a channels_last or transposed weight too), with its strides: a
+        gradient laid out otherwise breaks the layout fused optimizers rely on (as DDP's
+        bucket views keep it)."""
         views, offset = [], 0
         for p in self.params:
-            views.append(self.flat[offset : offset + p.numel()].view_as(p))
+            if _dense(p):
+                start = self.flat.storage_offset() + offset
+                views.append(self.flat.as_strided(p.shape, p.stride(), start))
+            else:
+                views.append(self.flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         return views
 
@@ -275,7 +282,7 @@ class Cutoff:
 
     def _fits(self, p: torch.Tensor) -> bool:
         """Whether the buffer can hold ``p``'s gradient as ``.grad`` (same dtype and device)."""
-        return p.dtype == self.flat.dtype and p.device == self.flat.device
+        return p.dtype == self.flat.dtype and p.device == self.flat.device and _dense(p)
 
     def _start_coordinator(self):
         """The coordinator thread on ``coordinator_rank``; a policy that cannot be built is
@@ -339,7 +346,7 @@ class Cutoff:
             if p.grad is None and self._fits(p):
                 p.grad = view
             elif p.grad is None or p.grad.dtype != p.dtype or p.grad.shape != p.shape:
-                p.grad = view.to(p.dtype).clone()
+                p.grad = view.to(device=p.device, dtype=p.dtype, copy=True)
             else:
                 p.grad.copy_(view)
 
@@ -480,9 +487,21 @@ class Iteration:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _dense(p: torch.Tensor) -> bool:
+    """Whether ``p``'s elements fill ``p.numel()`` places of its storage, each once, in some
+    order of its dimensions (contiguous, channels_last, transposed, ...)."""
+    expected = 1
+    for stride, size in sorted((s, n) for n, s in zip(p.shape, p.stride(), strict=True) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _is_view(grad: torch.Tensor, view: torch.Tensor) -> bool:
     """Whether ``grad`` is the buffer slice ``view`` itself (not a copy of it)."""
-    return grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
+    return (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
+            and grad.stride() == view.stride())  # fmt: skip
 
 
 def split_batch(batch, parts: int) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 from bdsgd.stages.errors import CheckpointError, ConfigError
 from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule
-from bdsgd.stages.loop.rank import batch_size, load_state, split_batch
+from bdsgd.stages.loop.rank import STATS, Cutoff, batch_size, load_state, split_batch
 from bdsgd.stages.store import TraceStore
 
 from tests.stages.loop.launch import SCRIPT, run_ranks
@@ -199,3 +200,53 @@ def test_a_foreign_file_is_not_loaded_as_a_checkpoint(tmp_path):
     torch.save({"version": 99}, path)
     with pytest.raises(CheckpointError, match="version 1"):
         load_state(path)
+
+
+def _buffer_of(params: list) -> types.SimpleNamespace:
+    """What Cutoff's gradient views need of it: the parameters and the flat buffer."""
+    numel = sum(p.numel() for p in params)
+    return types.SimpleNamespace(params=params, flat=torch.zeros(numel + STATS))
+
+
+def test_gradient_views_keep_each_parameters_layout_and_tile_the_buffer():
+    """A channels_last conv weight and a transposed weight get views with their own strides
+    (a fused optimizer needs a gradient laid out as its parameter), every view inside the
+    buffer, the views together covering it once; a parameter that is not dense is copied."""
+    torch.manual_seed(0)
+    conv = torch.nn.Parameter(torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last))
+    params = [conv, torch.nn.Parameter(torch.randn(3, 5).t()), torch.nn.Parameter(torch.randn(6))]
+    cut = _buffer_of(params)
+    views = Cutoff._grad_views(cut)
+    for p, view in zip(params, views, strict=True):
+        assert view.shape == p.shape and view.stride() == p.stride()
+    marks = cut.flat.clone()
+    for i, view in enumerate(views):
+        view.fill_(i + 1)  # each view writes only its own places
+    counts = torch.bincount(cut.flat[:-STATS].long(), minlength=4)
+    assert counts.tolist() == [0, conv.numel(), 15, 6] and not marks.any()
+    overlapping = torch.nn.Parameter(torch.randn(3).expand(2, 3).clone()[:, ::2].t())
+    assert not Cutoff._fits(_buffer_of([overlapping]), overlapping)
+    assert all(Cutoff._fits(cut, p) for p in params)
+
+
+def test_a_fused_step_on_gradient_views_is_the_step_on_its_own_gradients():
+    torch.manual_seed(0)
+    conv = torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last)
+    weights = [conv, torch.randn(3, 5).t(), torch.randn(6)]
+    grads = [torch.randn_like(w) for w in weights]
+    stepped = []
+    for as_views in (False, True):
+        params = [torch.nn.Parameter(w.clone(memory_format=torch.preserve_format)) for w in weights]
+        cut = _buffer_of(params)
+        views = Cutoff._grad_views(cut)
+        for p, view, g in zip(params, views, grads, strict=True):
+            if as_views:
+                view.copy_(g)
+                p.grad = view
+            else:
+                p.grad = g.clone(memory_format=torch.preserve_format)
+        opt = torch.optim.AdamW(params, lr=0.1, fused=True)
+        opt.step()
+        stepped.append([p.detach().clone() for p in params])
+    for a, b in zip(*stepped, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
