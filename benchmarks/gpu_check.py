@@ -4,7 +4,8 @@ script sized for a few minutes on one H100.
 1. the CUDA tests (engine and loop: CUDA-event timing, NCCL at world size 1, replicas and ranks
    sharing one GPU over gloo with CUDA tensors);
 2. the examples on the GPU in bf16: plain DDP and bdsgd measure-only (NCCL, world size 1), steps/s
-   of each; bdsgd with two ranks sharing the GPU over gloo, a slow one cut;
+   of each; bdsgd with two ranks sharing the GPU over gloo, a slow one cut; with ``--wide``,
+   plain DDP against measure-only on a model the GPU, not the host, sets the pace of;
 3. with ``--cpu-bench``, the CPU loop benchmark (``benchmarks/bench_loop.py``) on the machine's
    cores.
 
@@ -28,6 +29,9 @@ import torch
 from benchmarks.bench_loop import ROOT, free_port, measure, rate
 
 GPU_MODEL = ["--layers", "4", "--width", "256", "--batch-size", "32", "--micro-batches", "4"]
+WIDE_MODEL = ["--layers", "8", "--width", "1024", "--batch-size", "32", "--micro-batches", "4"]
+"""``--wide``: a model whose step the GPU, not the host's launches, sets: measure-only's cost
+there tells a host-side cost (the end-of-compute wait, the store calls) from a GPU-side one."""
 
 
 def environment() -> list[str]:
@@ -92,6 +96,23 @@ def gpu_examples(work: Path) -> list[str]:
     ]
 
 
+def wide_examples(work: Path) -> list[str]:
+    """Plain DDP against measure-only on :data:`WIDE_MODEL`, twice each, interleaved."""
+    if not torch.cuda.is_available():
+        return ["### Measure-only on a GPU-bound model", "", "skipped: no CUDA GPU", ""]
+    steps = ["--steps", os.environ.get("GPU_CHECK_STEPS", "60")]
+    rows = []
+    for i in range(2):
+        plain = example("ddp_plain.py", 1, work, f"wide-plain{i}", *steps, *WIDE_MODEL)
+        full = example("ddp_bdsgd.py", 1, work, f"wide-full{i}", *steps, *WIDE_MODEL,
+                       "--policy", "full", "--traces", f"wide-traces{i}")  # fmt: skip
+        rows.append(f"| {i + 1} | {rate(plain):.2f} | {rate(full):.2f} | "
+                    f"{rate(full) / rate(plain):.3f} |")  # fmt: skip
+    return ["### Measure-only on a GPU-bound model (GPT-2 8 layers x 1,024, bf16, NCCL, 1 rank)",
+            "", "| round | plain DDP steps/s | measure-only steps/s | ratio |", "|---|---|---|---|",
+            *rows, ""]  # fmt: skip
+
+
 def _last(run: dict) -> float:
     return sum(s[2] for s in run["steps"][-10:]) / 10
 
@@ -102,6 +123,7 @@ def main() -> None:
     ap.add_argument("--cpu-bench", action="store_true", help="also the CPU loop benchmark")
     ap.add_argument("--cpu-steps", type=int, default=150)
     ap.add_argument("--skip-tests", action="store_true", help="only the examples (and --cpu-bench)")
+    ap.add_argument("--wide", action="store_true", help="also measure-only on a GPU-bound model")
     args = ap.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +133,7 @@ def main() -> None:
     parts = (
         ([] if args.skip_tests else [cuda_tests])
         + [gpu_examples]
+        + ([wide_examples] if args.wide else [])
         + ([cpu_bench(args.cpu_steps)] if args.cpu_bench else [])
     )
     with tempfile.TemporaryDirectory() as tmp:
