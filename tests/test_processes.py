@@ -6,18 +6,20 @@ import sys
 
 import pytest
 
-from tests.processes import run_in_sessions
+from tests.processes import finish_sessions, run_in_sessions, start_in_session
 
 
 def test_a_timeout_reports_the_finished_commands_too():
-    """One command outlives the timeout, the other failed at once: the failure shows both, the
-    finished one's exit status and stderr included (it is often why the other still waits)."""
-    sleeper = [sys.executable, "-c", "print('waiting', flush=True); import time; time.sleep(60)"]
-    failer = [sys.executable, "-c", "import sys; sys.exit('boom: node failed')"]
+    """One command outlives the timeout, the other failed: the failure shows both, the finished
+    one's exit status and stderr included (it is often why the other still waits). The failing
+    one has ended before the wait starts, however slow the machine."""
+    failer = start_in_session([sys.executable, "-c", "import sys; sys.exit('boom: node failed')"])
+    failer.wait(120)
+    sleeper = start_in_session([sys.executable, "-c", "import time; time.sleep(600)"])
     with pytest.raises(pytest.fail.Exception) as failed:
-        run_in_sessions([sleeper, failer], timeout=3)
+        finish_sessions(sleeper, failer, timeout=1)
     message = str(failed.value)
-    assert "[0] still running" in message and "waiting" in message
+    assert "[0] still running" in message
     assert "[1] exited 1" in message and "boom: node failed" in message
 
 

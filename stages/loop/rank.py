@@ -116,6 +116,7 @@ class Cutoff:
         self.hosts = emulated or machines
         self.flat = self._flat_buffer()
         self.grad_views = self._grad_views()
+        self.viewable = [self._fits(p) for p in self.params]  # (the buffer's dtype and device)
         self.t = 0
         self.last: IterationResult | None = None
         self.rule: str | None = None
@@ -271,7 +272,8 @@ class Cutoff:
         backward then accumulates into the buffer, and the all-reduce needs no copy in or out
         (for a GPT-2 of 52 tensors, 104 copies and two passes over the gradient a step). A
         gradient the user set otherwise is copied in and out as before."""
-        fresh = [i for i, p in enumerate(self.params) if p.grad is None and self._fits(p)]
+        fresh = [i for i, (p, ok) in enumerate(zip(self.params, self.viewable, strict=True))
+                 if ok and p.grad is None]  # fmt: skip
         if len(fresh) == len(self.params):
             self.flat[: self.flat.numel() - STATS].zero_()  # (one pass, not one per tensor)
         else:
@@ -340,10 +342,10 @@ class Cutoff:
         """Every ``.grad`` the average: a view of the buffer already is; one the user set gets
         it copied; a missing one becomes the buffer's view (its own dtype's copy if the
         parameter's dtype is not the buffer's)."""
-        for p, view in zip(self.params, self.grad_views, strict=True):
+        for p, view, ok in zip(self.params, self.grad_views, self.viewable, strict=True):
             if p.grad is not None and _is_view(p.grad, view):
                 continue
-            if p.grad is None and self._fits(p):
+            if p.grad is None and ok:
                 p.grad = view
             elif p.grad is None or p.grad.dtype != p.dtype or p.grad.shape != p.shape:
                 p.grad = view.to(device=p.device, dtype=p.dtype, copy=True)

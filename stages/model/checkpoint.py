@@ -278,9 +278,8 @@ def grown_state_dict(model: RuntimeModel, old: RuntimeModel) -> dict:
     knows are copied, new ones start as ``old``'s unknown row (0). A model with the run-position
     features grown from one without starts their weights at 0: it predicts as ``old`` did."""
     state = {k: v.clone() for k, v in old.state_dict().items()}
-    for name, value in model.state_dict().items():
-        if name not in state and name == "head.position_w":
-            state[name] = torch.zeros_like(value)
+    if model.head.num_position and "head.position_w" not in state:
+        state["head.position_w"] = torch.zeros_like(model.head.position_w)
     for name in ("head.worker_emb.weight", "head.host_emb.weight"):
         target = model.state_dict()[name]
         grown = state[name][0].expand_as(target).clone()

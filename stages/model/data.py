@@ -72,6 +72,15 @@ POSITION_FEATURES = 4
 NUM_FEATURES = BASE_FEATURES + POSITION_FEATURES
 FEATURE_SETS = (BASE_FEATURES, NUM_FEATURES)
 """The numbers of features a model can take: without and with the run position."""
+
+
+def check_num_features(num_features) -> int:
+    """``num_features`` if it is one of :data:`FEATURE_SETS` (an int), else ValueError."""
+    if type(num_features) is not int or num_features not in FEATURE_SETS:
+        raise ValueError(f"num_features {num_features!r} is not one of {FEATURE_SETS}")
+    return num_features
+
+
 INIT_VAR = 0.25
 MIN_VAR = 1e-4
 
@@ -169,10 +178,8 @@ class HistoryFilter:
     """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
 
     def __init__(self, groups: torch.Tensor, num_features: int = NUM_FEATURES):
-        if type(num_features) is not int or num_features not in FEATURE_SETS:
-            raise ValueError(f"num_features {num_features} is not one of {FEATURE_SETS}")
         n = groups.numel()
-        self.position = num_features == NUM_FEATURES
+        self.position = check_num_features(num_features) == NUM_FEATURES
         self.steps = 0  # iterations with an entry folded in: the next one's position in the run
         self.groups = groups
         self.table = group_table(groups)

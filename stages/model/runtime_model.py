@@ -50,7 +50,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyro
 import torch
-from bdsgd.stages.model.data import BASE_FEATURES, FEATURE_SETS, NUM_FEATURES, RunTensors
+from bdsgd.stages.model.data import (
+    BASE_FEATURES,
+    NUM_FEATURES,
+    RunTensors,
+    check_num_features,
+)
 from bdsgd.stages.model.gru import gru_sequence
 from bdsgd.stages.model.guide_path import draw_path
 from bdsgd.stages.model.latent_path import FilteredPath, MarkovPath
@@ -88,8 +93,7 @@ class ModelConfig:
     the run-position features has :data:`~bdsgd.stages.model.data.BASE_FEATURES`."""
 
     def __post_init__(self) -> None:
-        if type(self.num_features) is not int or self.num_features not in FEATURE_SETS:
-            raise ValueError(f"num_features {self.num_features!r} is not one of {FEATURE_SETS}")
+        check_num_features(self.num_features)
 
     def to_dict(self) -> dict:
         return asdict(self)
