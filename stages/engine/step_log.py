@@ -88,9 +88,15 @@ class StepLog:
     def collect_evals(self, next_iteration: int, online: bool, wait_s: float) -> None:
         """At the end: the steps not yet read, then the held-out loss due after the last
         iteration, which the lowest replica evaluates as it stops (waiting up to ``wait_s``
-        in all)."""
-        self.read_through(next_iteration, online)
+        in all). Read live (``online``), the last all-reduces may still run as the coordinator
+        ends: their steps, which carry the learning rate of the last rows, are waited for
+        first (a loaded machine published the last one after the end and left its row's
+        learning rate empty); a step that never comes (a failed all-reduce) costs the wait."""
         deadline = time.monotonic() + wait_s
+        if online:
+            for k in range(self.next, next_iteration):
+                P.wait_key(self.c10d, P.step_key(k), max(deadline - time.monotonic(), 0.0))
+        self.read_through(next_iteration, online)
         for t, index in list(self.pending_evals.items()):
             if P.wait_key(self.c10d, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
                 self.log.rows["eval_loss"][index] = float(self.c10d.get(P.eval_key(t)).decode())
