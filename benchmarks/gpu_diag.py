@@ -1,0 +1,59 @@
+"""Driver of benchmarks/gpu_diag_run.py: plain DDP and measure-only variants, interleaved, on
+the GPU check's models; prints steps/s and where the host's time went, per step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.bench_loop import ROOT, free_port, rate
+from benchmarks.gpu_check import GPU_MODEL, WIDE_MODEL
+
+
+def run(script: Path, work: Path, tag: str, args: list[str], env_extra: dict) -> dict:
+    metrics = work / f"{tag}.json"
+    diag = work / f"{tag}.diag.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+           "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(script), "--metrics", str(metrics), *args]  # fmt: skip
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "DIAG_OUT": str(diag), **env_extra}
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return {"tag": tag, "error": (done.stdout + done.stderr)[-1500:]}
+    result = {"tag": tag, "steps_per_s": rate(json.loads(metrics.read_text()))}
+    if diag.exists():
+        result["breakdown"] = json.loads(diag.read_text())["ms_per_step"]
+    return result
+
+
+def main() -> None:
+    steps = ["--steps", os.environ.get("DIAG_STEPS", "300")]
+    plain = ROOT / "examples" / "ddp_plain.py"
+    diag = ROOT / "benchmarks" / "gpu_diag_run.py"
+    plan = [(name, model, variant) for name, model, variants in (
+        ("narrow", GPU_MODEL, ["plain", "base", "nomark", "nosync", "plain", "base", "nosync"]),
+        ("wide", WIDE_MODEL, ["plain", "base", "nosync"]),
+    ) for variant in variants]  # fmt: skip
+    out = Path(os.environ.get("OUT", "bench-out")) / "gpu-diag.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for i, (name, model, variant) in enumerate(plan):
+            tag = f"{i}-{name}-{variant}"
+            if variant == "plain":
+                res = run(plain, work, tag, [*steps, *model], {})
+            else:
+                res = run(diag, work, tag, [*steps, *model, "--policy", "full", "--traces",
+                                            f"traces{i}"], {"DIAG": variant})  # fmt: skip
+            print(json.dumps(res), flush=True)
+            results.append(res)
+            out.write_text(json.dumps(results, indent=1))  # what is done survives a timeout
+
+
+if __name__ == "__main__":
+    main()
