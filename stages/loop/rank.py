@@ -315,7 +315,7 @@ class Cutoff:
             for p, view in zip(self.params, self.grad_views, strict=True):
                 if p.grad is None:
                     view.zero_()
-                elif not _is_view(p.grad, view):  # a gradient the user set: copied in
+                elif not (p.grad is view or _is_view(p.grad, view)):  # the user's: copied in
                     view.copy_(p.grad)
         samples = it.samples if contributes else 0.0
         flat[numel:] = torch.tensor(
@@ -343,8 +343,8 @@ class Cutoff:
         it copied; a missing one becomes the buffer's view (its own dtype's copy if the
         parameter's dtype is not the buffer's)."""
         for p, view, ok in zip(self.params, self.grad_views, self.viewable, strict=True):
-            if p.grad is not None and _is_view(p.grad, view):
-                continue
+            if p.grad is view or (p.grad is not None and _is_view(p.grad, view)):
+                continue  # (``is``: autograd keeps the tensor it was given, a cheap first test)
             if p.grad is None and ok:
                 p.grad = view
             elif p.grad is None or p.grad.dtype != p.dtype or p.grad.shape != p.shape:
