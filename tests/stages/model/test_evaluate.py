@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from bdsgd.stages.estimators import EwmaLogNormal, lognormal_logpdf_or_logsf
 from bdsgd.stages.fit import FitConfig, run_fit
-from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, split
+from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, ks_distance, split
 from bdsgd.stages.store import RunMatrix, TraceStore
 
 from tests.stages.model.clusters import drifting_cluster, write_run
@@ -85,3 +86,19 @@ def test_calibration_skips_censored_values_and_order_statistics_it_cannot_see():
     assert 2000 < summary["runtime"]["count"] < 6000  # the censored run-times are left out
     # x_(c) is scored only where the c smallest values were all seen exactly
     assert 0 < summary["order_stat"]["count"] < 300
+
+
+def test_the_ks_distance_takes_both_sides_of_each_step():
+    # three values at the top: the gap is below the steps (u_(i) - (i-1)/n), not above them
+    assert ks_distance(np.array([0.9, 0.9, 0.9])) == pytest.approx(0.9)
+    assert ks_distance(np.array([0.1, 0.1, 0.1])) == pytest.approx(0.9)
+    assert ks_distance(np.array([1 / 6, 0.5, 5 / 6])) == pytest.approx(1 / 6)
+
+
+def test_the_ks_distance_is_judged_against_what_a_calibrated_predictive_gives_at_its_count():
+    calibrated, narrow = _collect(0.7), _collect(0.3)
+    for key in ("runtime", "order_stat"):
+        assert calibrated[key]["ks"] <= calibrated[key]["ks_p95"] and calibrated[key]["ks_p"] > 0.05
+        assert narrow[key]["ks"] > narrow[key]["ks_p95"] and narrow[key]["ks_p"] < 0.01
+    # fewer values, a wider band: 300 x_(c) values against 6,000 run-times
+    assert calibrated["order_stat"]["ks_p95"] > 3 * calibrated["runtime"]["ks_p95"]
