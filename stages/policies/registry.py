@@ -129,12 +129,18 @@ def _build(
     raise _unknown(spec)
 
 
+LARGE_N, LARGE_S = 256, 32  # from LARGE_N workers on, a decision draws LARGE_S samples
+
+
 def decision_samples(num_samples: int, num_workers: int) -> int:
     """S for bdsgd (and its peers): ``num_samples`` up to N = 64, then fewer, down to 64 at
-    N >= 256 (16384 / N). Each joint sample orders N run-times, so the order statistics a
-    decision needs are steady with fewer samples at large N, and sampling, sorting and the
-    online conditional cost S x N: at N = 1024 they would take several times the 5 ms a
-    decision may (docs/benchmarks.md, decision cost)."""
+    N = 255 (16384 / N), and 32 from N = 256 on. Each joint sample orders N run-times, so the
+    order statistics a decision needs are steady with fewer samples at large N, and sampling,
+    sorting and the online conditional cost S x N. At N = 256 and 1,024 the oracle ratios with
+    32 samples matched those with 64 on every held-out cluster of that size (better on some),
+    and the decision costs 20-30% less (docs/benchmarks.md, issue 32)."""
+    if num_workers >= LARGE_N:
+        return min(num_samples, LARGE_S)
     return min(num_samples, max(64, 16384 // num_workers))
 
 

@@ -6,7 +6,7 @@ import pytest
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 from bdsgd.stages.policies.cutoff import EwmaCutoff, StaticCutoff
-from bdsgd.stages.policies.registry import default_policy_specs, make_policy
+from bdsgd.stages.policies.registry import decision_samples, default_policy_specs, make_policy
 
 
 def test_specs_build_named_policies():
@@ -66,3 +66,10 @@ def test_monte_carlo_policies_take_a_stopping_rule_in_either_order():
         make_policy("ecdf:online:fixed", 4)
     with pytest.raises(ConfigError, match="unknown policy"):
         make_policy("elfving:iteration", 4)
+
+
+def test_a_decision_draws_fewer_samples_the_more_workers_each_orders():
+    requested = 256
+    sizes = {n: decision_samples(requested, n) for n in (8, 64, 128, 255, 256, 1024, 4096)}
+    assert sizes == {8: 256, 64: 256, 128: 128, 255: 64, 256: 32, 1024: 32, 4096: 32}
+    assert decision_samples(16, 1024) == 16  # never more than asked for
