@@ -56,12 +56,14 @@ def cuda_tests() -> list[str]:
             "```", *tail, "```", ""]  # fmt: skip
 
 
-def example(script: str, ranks: int, work: Path, tag: str, *args: str) -> dict:
+def example(script: str, ranks: int, work: Path, tag: str, *args: str,
+            env_extra: dict | None = None) -> dict:  # fmt: skip
+    """``script`` (under examples/, or an absolute path) under torchrun; its metrics JSON."""
     metrics = work / f"{tag}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
            str(ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(ROOT / "examples" / script), "--metrics", str(metrics), *args]  # fmt: skip
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **(env_extra or {})}
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{script} {tag}: {done.stdout[-1500:]}{done.stderr[-1500:]}")

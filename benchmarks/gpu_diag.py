@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.bench_loop import ROOT, free_port, rate
-from benchmarks.gpu_check import GPU_MODEL, WIDE_MODEL
+from benchmarks.bench_loop import ROOT, rate
+from benchmarks.gpu_check import GPU_MODEL, WIDE_MODEL, example
 
 
 def run(script: Path, work: Path, tag: str, args: list[str], env_extra: dict) -> dict:
-    metrics = work / f"{tag}.json"
     diag = work / f"{tag}.diag.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-           "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           str(script), "--metrics", str(metrics), *args]  # fmt: skip
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "DIAG_OUT": str(diag), **env_extra}
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        return {"tag": tag, "error": (done.stdout + done.stderr)[-1500:]}
-    result = {"tag": tag, "steps_per_s": rate(json.loads(metrics.read_text()))}
+    try:
+        metrics = example(str(script), 1, work, tag, *args,
+                          env_extra={"DIAG_OUT": str(diag), **env_extra})  # fmt: skip
+    except RuntimeError as exc:
+        return {"tag": tag, "error": str(exc)[-1500:]}
+    result = {"tag": tag, "steps_per_s": rate(metrics)}
     if diag.exists():
         result["breakdown"] = json.loads(diag.read_text())["ms_per_step"]
     return result
