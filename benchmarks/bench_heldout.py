@@ -280,7 +280,7 @@ class Levels:
     level: float
     seed: int = 31
     steps: int = 1000
-    replays: int = 8
+    replays: int = 24
 
 
 LEVELS: dict[str, Levels] = {

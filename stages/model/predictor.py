@@ -169,9 +169,10 @@ class RuntimePredictor:
         is an inference tensor: read or copy it, do not modify it in place.
 
         Each draw's shared level (the mean over workers of its normalised log run-times) is
-        stretched about the draws' median level by the recalibrated factor times the online one
-        (:mod:`bdsgd.stages.model.online`): every worker of a draw moves by the same amount, so the
-        spread of x_(c) scales with it. :meth:`remaining` conditions the unstretched draws."""
+        stretched about the draws' median level by the recalibrated factor times the online one,
+        then moved by the online shift (:mod:`bdsgd.stages.model.online`): every worker of a draw
+        moves by the same amount, so the spread of x_(c) scales with it. :meth:`remaining`
+        conditions the unstretched, unshifted draws."""
         loc, scale = self._next_y_params(num_samples)
         self._drawn, self._arrivals = (loc, scale), None
         emitter, hosts = self.model.emitter, self.host_index
@@ -179,10 +180,11 @@ class RuntimePredictor:
             loc, scale, self.params, self.base, hosts, self.gen, self.rng, self.rare_p
         )
         factor = self.common[3] * (self.online.factor if self.online is not None else 1.0)
-        norm, offset = self.norm, self.norm.loc
+        norm = self.norm
+        offset = norm.loc + (self.online.log_shift if self.online is not None else 0.0)
         if factor != 1.0:  # each draw's shift, (S, 1), folded into the normaliser's offset
             level = y.mean(dim=1, keepdim=True)  # a median over N costs ~1 ms at N = 1024
-            offset = (level - level.median()).mul_((factor - 1.0) * norm.scale).add_(norm.loc)
+            offset = (level - level.median()).mul_((factor - 1.0) * norm.scale).add_(offset)
         x = y.mul_(norm.scale).add_(offset).exp_()
         if self.online is not None:
             self.online.drawn(x.numpy())

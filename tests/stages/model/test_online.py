@@ -6,7 +6,13 @@ import dataclasses
 
 import numpy as np
 from bdsgd.stages.model.checkpoint import load_checkpoint
-from bdsgd.stages.model.online import STEP, TAIL, OnlineSpread, order_statistic_at_cut
+from bdsgd.stages.model.online import (
+    LEVEL_STEP,
+    STEP,
+    TAIL,
+    OnlineSpread,
+    order_statistic_at_cut,
+)
 
 from tests.stages.model.test_recalibrate import fit_small, order_stat_coverage, shared_cluster
 
@@ -45,12 +51,47 @@ def test_a_miss_moves_up_by_nine_times_what_a_hit_moves_down():
     assert np.isclose(online.log_factor, STEP * (1 - 4 * TAIL))
 
 
+def test_x_c_that_keeps_falling_above_the_draws_moves_them_up_until_it_sits_among_them():
+    rng = np.random.default_rng(3)
+    online, pits = OnlineSpread(), []
+    for _ in range(120):  # the cluster runs 20% slower than the draws say (spread 0.05)
+        online.drawn(normal_draws(rng, 0.05) * np.exp(online.log_shift))
+        x = shown(rng, 0.05) * 1.2
+        c, predicted, seen = order_statistic_at_cut(online.draws, x, np.zeros(8, bool),
+                                                    np.ones(8, bool))  # fmt: skip
+        pits.append(float((predicted < seen).mean()))
+        online.update(x, np.zeros(8, bool))
+    assert 0.12 < online.log_shift < 0.25  # log 1.2 = 0.18
+    assert np.mean(pits[:10]) > 0.9 and 0.3 < np.mean(pits[-40:]) < 0.7
+
+
+def test_the_shift_moves_by_its_step_times_the_spread_times_2u_minus_1():
+    rng = np.random.default_rng(4)
+    online, draws = OnlineSpread(), normal_draws(rng, 0.3)
+    online.drawn(draws)
+    online.update(np.full(8, 50.0), np.zeros(8, bool))  # above every draw: u = 1
+    c, predicted, _ = order_statistic_at_cut(draws, draws[0], np.zeros(8, bool), np.ones(8, bool))
+    assert np.isclose(online.log_shift, LEVEL_STEP * np.log(predicted).std())
+
+
+def test_x_c_drawn_from_the_predictive_leaves_the_shift_near_zero():
+    rng = np.random.default_rng(5)
+    online, shifts = OnlineSpread(), []
+    for _ in range(400):
+        online.drawn(normal_draws(rng, 0.3) * np.exp(online.log_shift))
+        online.update(shown(rng, 0.3), np.zeros(8, bool))
+        shifts.append(online.log_shift)
+    # it wanders (sd 0.14-0.19 of the spread over seeds 0-4), about zero
+    assert np.std(shifts) < 0.3 * 0.25 and abs(np.mean(shifts)) < 0.3 * 0.1
+
+
 def test_nothing_moves_without_draws_or_where_x_c_is_not_shown():
     online = OnlineSpread()
     assert online.update(np.ones(8), np.zeros(8, bool)) is None  # nothing drawn
     online.drawn(normal_draws(np.random.default_rng(2), 0.3))
     censored = np.ones(8, bool)  # every worker cut off: x_(c) unseen
     assert online.update(np.full(8, 0.01), censored) is None and online.log_factor == 0.0
+    assert online.log_shift == 0.0
 
 
 def test_the_online_factor_covers_x_c_where_the_cluster_changed_after_the_fit(tmp_path):

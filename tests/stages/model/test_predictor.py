@@ -323,3 +323,13 @@ def test_arrivals_one_at_a_time_on_interleaved_hosts_match_a_fresh_start(tmp_pat
     for before, name in zip(kept, ("seen_arrived", "mixed", "mixed_sum"), strict=True):
         np.testing.assert_allclose(before, getattr(pred._arrivals, name), rtol=1e-12, atol=1e-9)
     assert not np.allclose(kept[0][:, :, 0], kept[0][:, :, 1])  # the hosts' sums differ
+
+
+def test_the_online_shift_moves_every_draw_by_its_factor(checkpoint_path):
+    draws = []
+    for shift in (0.0, 0.2):
+        pred = load_predictor(checkpoint_path, seed=11)
+        pred.observe(np.array([0.05, 0.06, 0.04]), np.zeros(3, dtype=bool))
+        pred.online.log_shift = shift
+        draws.append(pred.sample(32))
+    torch.testing.assert_close(draws[1], draws[0] * np.exp(0.2), rtol=1e-5, atol=0.0)
