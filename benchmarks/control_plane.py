@@ -26,10 +26,14 @@ Two ways the protocol can travel (``--mode``):
   counter after each report and fetches every report already taken in one ``multi_get``; one
   relay per node (a process of its own) waits for the cut on the store, and the node wakes its
   ranks locally.
-- ``fixed``: ``batched``, and the coordinator announces the iteration's fixed c in the ticket
-  counter (``protocol.announce_limit``, as the training-loop library does for every policy
-  but an online one): the rank that takes ticket c sets the cut itself, then closes the
-  counter (``protocol.cut_at_limit``).
+- ``fixed``: ``batched``, and the coordinator announces the iteration's c in the ticket
+  counter (``protocol.announce_limit``, as the training-loop library does): the rank that
+  takes ticket c sets the cut itself, then closes the counter (``protocol.cut_at_limit``). An
+  online policy's (``--policy``, e.g. ``ewma:online``) revisions move the announced c
+  (``protocol.move_limit``): its c stands until revised, as in the library since 2026-11-28.
+
+The policy is ``static:C`` (C = ``c_frac`` of the ranks: the decision costs nothing, the figures
+are the control plane's) unless ``--policy`` names another.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class Setup:
     p_slow: float = 0.03  # chance a rank is a straggler in an iteration
     slow_factor: float = 3.0
     c_frac: float = 0.9  # the policy waits for this share of the ranks (static:C)
+    policy: str = ""  # a policy spec; "" for static:C
     seed: int = 0
     host: str = "127.0.0.1"
 
@@ -260,22 +265,28 @@ class Coordinator:
         from bdsgd.stages.policies.registry import make_policy
 
         self.setup, self.store = setup, CountingStore(store)
-        policy = make_policy(f"static:{setup.cutoff}", setup.ranks)
+        policy = make_policy(setup.policy or f"static:{setup.cutoff}", setup.ranks)
         self.driver = IterationDriver(policy, setup.ranks)
         self.batched = setup.mode != "direct"
         self.fixed = setup.mode == "fixed"
+        self.standing = 0  # the c announced in the iteration's counter (0: none)
 
     def iteration(self, t: int) -> tuple[int, float]:
         """Iteration t's admission: the c it ended at and when it set the cut (NaN: the rank
-        holding ticket c did). ``fixed``: c is announced before the iteration starts."""
-        chosen = self.driver.begin(np.ones(self.setup.ranks, dtype=bool))
-        if self.fixed and chosen < self.setup.ranks:
-            P.announce_limit(self.store, t, chosen)
+        holding ticket c did). ``fixed``: c is announced before the iteration starts, and moved
+        after each revision of an online policy."""
+        self.driver.begin(np.ones(self.setup.ranks, dtype=bool))
+        self.standing = 0
+        self.stand(t)
         ticket, c = 1, 0
         while not c:
-            reports = self.read(t, ticket)
+            reports, closed = self.read(t, ticket)
             c = self.hand_over(reports, ticket)
             ticket += len(reports)
+            if not c and closed:  # the holder of a c that stood then cut it
+                c = ticket - 1
+            elif not c:
+                self.stand(t)
         (total, first), cut_at = P.close_tickets(self.store, t), np.nan
         if first:
             self.store.set(P.cut_key(t), str(total))
@@ -287,13 +298,23 @@ class Coordinator:
         self.driver.end()
         return c, cut_at
 
-    def read(self, t: int, ticket: int) -> list[bytes]:
-        """The report of ``ticket`` (waiting for it), and, batched, every later one taken."""
+    def stand(self, t: int) -> None:
+        """``fixed``: announce the driver's c in iteration t's counter, or move it there."""
+        target = self.driver.target if self.driver.target < self.setup.ranks else 0
+        if self.fixed and target != self.standing:
+            P.move_limit(self.store, t, target - self.standing)
+            self.standing = target
+
+    def read(self, t: int, ticket: int) -> tuple[list[bytes], bool]:
+        """The report of ``ticket`` (waiting for it), and, batched, every later one taken;
+        whether a rank closed the counter (every report admitted is then among them)."""
         first = self.store.get(P.arrival_key(t, ticket))
         if not self.batched:
-            return [first]
-        taken = counted(t, P.tickets_admitted(self.store, t, STEP_TIMEOUT_S))
-        return [first, *self.read_many(t, ticket + 1, taken)] if taken > ticket else [first]
+            return [first], False
+        taken, closed = P.tickets_admitted(self.store, t, STEP_TIMEOUT_S)
+        taken = counted(t, taken)
+        reports = [first, *self.read_many(t, ticket + 1, taken)] if taken > ticket else [first]
+        return reports, closed
 
     def closed_at(self, t: int) -> int:
         """The tickets admitted when the rank holding ticket c closed the counter."""
@@ -404,6 +425,7 @@ def summarise(setup: Setup, coord: dict, ranks: dict, coord_trips: int, server_c
     return {
         "ranks": setup.ranks,
         "mode": setup.mode,
+        "policy": setup.policy or f"static:{setup.cutoff}",
         "procs": setup.procs,
         "iterations": t - WARMUP,
         "mean_c": float(c[keep].mean()),
@@ -487,12 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, help="default 60, 20 with --quick")
     parser.add_argument("--procs", type=int, help="rank processes (default ranks/32, 1-4)")
     parser.add_argument("--mode", choices=MODES, default="fixed")
+    parser.add_argument("--policy", default="", help="a policy spec (default static:C, C = 90%% "
+                        "of the ranks); an online one, e.g. ewma:online, revises c as reports come")
     parser.add_argument("--quick", action="store_true", help="20 iterations")
     parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = parser.parse_args(argv)
     setup = default_setup(args.ranks, args.quick, args.mode, args.iterations)
-    if args.procs:
-        setup = Setup(**{**asdict(setup), "procs": args.procs})
+    if args.procs or args.policy:
+        setup = Setup(**{**asdict(setup), "procs": args.procs or setup.procs, "policy": args.policy})
     result = measure(setup)
     print(json.dumps(result) if args.json else render([result]))
     return 0

@@ -81,7 +81,15 @@ def announce_limit(store, t: int, c: int) -> None:
     round trip after its ticket instead of after the coordinator's reads of c reports. A rank
     that took its ticket before the announcement sees limit 0 and leaves the cut to the
     coordinator."""
-    store.add(ticket_key(t), c * LIMIT)
+    move_limit(store, t, c)
+
+
+def move_limit(store, t: int, by: int) -> Ticket:
+    """Move iteration t's announced c by ``by`` (an online policy's revision: the c that stands
+    until it is revised again); what the counter held after the move. A rank whose ticket was
+    taken before compared it with the c announced then: if the counter is already past the new
+    c, no rank holds it and the coordinator cuts at its next read."""
+    return decode_ticket(store.add(ticket_key(t), by * LIMIT))
 
 
 def cut_at_limit(store, t: int, c: int) -> None:
@@ -111,11 +119,14 @@ def closed_count(store, t: int, timeout_s: float) -> int | None:
     return int(store.get(closed_key(t)))
 
 
-def tickets_admitted(store, t: int, timeout_s: float) -> int | None:
+def tickets_admitted(store, t: int, timeout_s: float) -> tuple[int | None, bool]:
     """Tickets of iteration t taken and admitted so far: the counter's, or, once a rank closed
-    it, that rank's count (tickets taken after a close still move the counter)."""
+    it, that rank's count (tickets taken after a close still move the counter; None if that
+    rank gave none within ``timeout_s``); and whether a rank closed it (no more are admitted)."""
     counter = decode_ticket(store.add(ticket_key(t), 0))
-    return closed_count(store, t, timeout_s) if counter.closed else counter.number
+    if counter.closed:
+        return closed_count(store, t, timeout_s), True
+    return counter.number, False
 
 
 def closed_key(t: int) -> str:

@@ -7,12 +7,15 @@ Per iteration t it asks the policy for c when the rank it lives with begins t
 (an online policy revises c at each arrival, and at ticks while none comes). At the cut it closes
 the ticket counter (``n/<t>`` + ``CLOSED``: the ranks that took a ticket before are admitted,
 every later one is cut) and sets ``cut/<t>``, which the ranks still computing see at their next
-micro-batch. When the policy's c is fixed for the iteration (any policy but an online one), the
-coordinator announces it in the ticket counter (:func:`~bdsgd.stages.engine.protocol.announce_limit`)
-and the rank that takes ticket c sets the cut itself, one round trip after its ticket, without
-waiting for the coordinator to read c reports (at 1,024 ranks that read
-left the cut ~10 ms behind the c-th arrival, ``benchmarks/control_plane.py``); the coordinator's
-own close then changes nothing. Arrivals exactly and the rest censored at the cut go to the policy, the trace rows
+micro-batch. The coordinator announces the policy's c in the ticket counter
+(:func:`~bdsgd.stages.engine.protocol.announce_limit`) and the rank that takes ticket c sets the
+cut itself, one round trip after its ticket, without waiting for the coordinator to read c
+reports (at 1,024 ranks that read left the cut ~10 ms behind the c-th arrival,
+``benchmarks/control_plane.py``); the coordinator's own close then changes nothing. An online
+policy's c stands until it is revised: after each revision the coordinator moves the announced c
+(:func:`~bdsgd.stages.engine.protocol.move_limit`), so its cut too is set by the rank that takes
+the ticket of the c standing then, which the policy chose from the reports read before it (a
+revision lowered below the tickets already taken is cut by the coordinator at its next read). Arrivals exactly and the rest censored at the cut go to the policy, the trace rows
 (schema v1) and the iteration log, which the run directory keeps for ``bdsgd report``.
 """
 
@@ -63,6 +66,7 @@ class LoopCoordinator:
         if self.policy.mode != "sync" or cfg.policy == "oracle":
             raise BdsgdError(f"policy {cfg.policy!r} cannot cut a training loop's iterations")
         self.driver = IterationDriver(self.policy, world)
+        self.standing = 0  # the c announced in the current iteration's ticket counter (0: none)
         self.writer = TraceWriter(TraceStore(cfg.traces)) if cfg.traces else None
         self.begins: queue.Queue = queue.Queue()
         self.coordinated: dict[int, dict] = {}  # t -> what the coordinator saw of iteration t
@@ -147,10 +151,9 @@ class LoopCoordinator:
             self.error = exc
 
     def _iteration(self, t: int, began: float) -> None:
-        live = np.ones(self.world, dtype=bool)
-        c = self.driver.begin(live)
-        if not self.policy.online and c < self.world:  # the rank holding ticket c cuts
-            P.announce_limit(self.c10d, t, c)
+        self.driver.begin(np.ones(self.world, dtype=bool))
+        self.standing = 0
+        self._stand(t)  # the rank holding ticket c cuts
         seen = self._watch(t, began)
         admitted = self._cut(t)
         reports = seen + self._reports(t, len(seen) + 1, admitted)
@@ -161,6 +164,16 @@ class LoopCoordinator:
         # deleted long after, from the janitor's thread: nothing in this loop per rank
         self.janitor.retire([P.ticket_key(t), P.cut_key(t), P.closed_key(t)]
                             + [P.arrival_key(t, k) for k in range(1, admitted + 1)])  # fmt: skip
+
+    def _stand(self, t: int) -> None:
+        """Announce the driver's c in iteration t's ticket counter, or move it there after an
+        online policy's revision (:func:`~bdsgd.stages.engine.protocol.move_limit`): the rank
+        whose ticket is the c standing when it takes it cuts, without waiting for this thread to
+        read the reports before it. A c of every rank is no cut: nothing stands."""
+        target = self.driver.target if self.driver.target < self.world else 0
+        if target != self.standing:
+            P.move_limit(self.c10d, t, target - self.standing)
+            self.standing = target
 
     def _cut(self, t: int) -> int:
         """Close iteration t's counter and set its cut (the number of tickets admitted), unless
@@ -187,16 +200,19 @@ class LoopCoordinator:
         while len(seen) < self.world and (left := deadline - time.monotonic()) > 0:
             key = P.arrival_key(t, len(seen) + 1)
             if P.wait_key(self.c10d, key, self._wait_s(began, left)):
-                if self._hand_over(seen, self._reports(t, len(seen) + 1, self._taken(t))):
-                    return seen
+                taken, closed = self._taken(t)
+                if self._hand_over(seen, self._reports(t, len(seen) + 1, taken)) or closed:
+                    return seen  # (closed: the holder of a c that stood then cut; all read)
             elif self.driver.wait(time.perf_counter() - began):
                 return seen
+            self._stand(t)  # an online policy's revised c
         return seen
 
-    def _taken(self, t: int) -> int:
-        """How many tickets of iteration t are taken and admitted (at most one per rank)."""
-        admitted = P.tickets_admitted(self.c10d, t, self.cfg.timeout_s)
-        return min(self._counted(t, admitted), self.world)
+    def _taken(self, t: int) -> tuple[int, bool]:
+        """How many tickets of iteration t are taken and admitted (at most one per rank), and
+        whether the holder of the standing c closed the counter (no more will be)."""
+        admitted, closed = P.tickets_admitted(self.c10d, t, self.cfg.timeout_s)
+        return min(self._counted(t, admitted), self.world), closed
 
     def _hand_over(self, seen: list[WorkerReport], reports: list[WorkerReport]) -> bool:
         """The reports read together, in ticket order, to ``seen`` and the driver (one revision

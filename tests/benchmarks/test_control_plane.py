@@ -39,3 +39,14 @@ def test_quick_json_has_the_contract_keys(mode):
     assert result["store_round_trips_per_iteration"] >= 8 + 7
     # causal order: ticket c is taken, (its report read,) the cut set, then seen everywhere
     assert 0 < result["cut_set_ms_p50"] and 0 < result["cut_visible_ms_p50"]
+
+
+@pytest.mark.parametrize("mode", ["batched", "fixed"])
+def test_an_online_policy_runs_through_both_ways_of_cutting(mode):
+    """``ewma:online`` revises c as the reports come; ``fixed`` moves the announced c after each
+    revision, and the iteration still ends once, at a c of the ranks."""
+    result = run_command("--ranks", "8", "--procs", "2", "--iterations", "5", "--mode", mode,
+                         "--policy", "ewma:online")  # fmt: skip
+    assert result["policy"] == "ewma:online" and result["iterations"] == 3
+    assert 1 <= result["mean_c"] <= 8
+    assert 0 < result["cut_set_ms_p50"] and 0 < result["cut_visible_ms_p50"]

@@ -14,6 +14,8 @@ from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.loop.config import LoopConfig
 from bdsgd.stages.loop.coordinator import LoopCoordinator
+from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.store import TraceStore
 
 WAIT_S = 60.0  # for the coordinator thread's cut, on a loaded machine
@@ -116,7 +118,59 @@ def test_the_rank_holding_ticket_c_of_a_fixed_iteration_cuts_it(coordinator, tmp
     assert rows["censored"].to_list() == [True, False, False]
 
 
-def test_an_online_policy_announces_no_c(tmp_path):
+class Scripted(Policy):
+    """An online policy whose c is ``first`` before the iteration and ``revised`` from its first
+    revision on (the revision the coordinator makes after reading the first reports)."""
+
+    online = True
+
+    def __init__(self, first: int, revised: int) -> None:
+        self.first, self.revised, self.revisions = first, revised, 0
+
+    def choose(self, live: np.ndarray) -> int:
+        return self.first
+
+    def observe(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
+        pass
+
+    def revise(self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray) -> int:
+        self.revisions += 1
+        return self.revised
+
+
+@pytest.fixture
+def scripted(tmp_path):
+    """A coordinator of 4 ranks driving a :class:`Scripted` policy (set ``coord.policy.first`` /
+    ``revised`` before ``begin``), its timeout far beyond the test's waits."""
+    store = dist.HashStore()
+    cfg = LoopConfig(policy="ecdf:online", traces=None, timeout_s=10 * WAIT_S)
+    coord = LoopCoordinator(cfg, store, 4, ["h0", "h1", "h2", "h3"], "run-s", "cpu")
+    coord.policy = Scripted(3, 3)
+    coord.driver = IterationDriver(coord.policy, 4)
+    coord.start(time.perf_counter())
+    yield coord, store
+    coord.begins.put(None)
+    coord.thread.join(WAIT_S)
+
+
+def limit_becomes(store, t: int, limit: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while P.decode_ticket(store.add(P.ticket_key(t), 0)).limit != limit:
+        assert time.monotonic() < deadline, f"iteration {t}'s c never stood at {limit}"
+        time.sleep(0.001)
+
+
+def coordinated(coord, t: int) -> dict:
+    """What the coordinator recorded of iteration t, once it ended it (within the test's wait,
+    far below its own timeout: a coordinator waiting for a report that never comes fails)."""
+    deadline = time.monotonic() + WAIT_S
+    while t not in coord.coordinated:
+        assert time.monotonic() < deadline, f"the coordinator never ended iteration {t}"
+        time.sleep(0.001)
+    return coord.coordinated[t]
+
+
+def test_an_online_policy_announces_its_c_and_the_holder_of_that_ticket_cuts(tmp_path):
     store = dist.HashStore()
     cfg = LoopConfig(policy="ecdf:online", traces=None)
     coord = LoopCoordinator(cfg, store, 3, ["h0", "h1", "h2"], "run-o", "cpu")
@@ -125,13 +179,54 @@ def test_an_online_policy_announces_no_c(tmp_path):
     coord.start(time.perf_counter())
     try:
         coord.begin(0, time.perf_counter())
-        tickets = [arrive(store, 0, w, x) for w, x in ((0, 0.01), (1, 0.01), (2, 1.0))]
-        wait_cut(store, 0)
-        assert coord.policy.online and coord.driver.chosen < 3
-        assert [tk.limit for tk in tickets] == [0, 0, 0]
+        c = announced(store, 0)
+        assert coord.policy.online and c == coord.driver.chosen < 3
+        tickets = [arrive(store, 0, w, x) for w, x in ((0, 0.01), (1, 0.01), (2, 1.0))[:c + 1]]
+        assert tickets[c - 1] == P.Ticket(c, c, False) and tickets[c].closed  # ticket c cut
+        assert wait_cut(store, 0) == c and int(store.get(P.closed_key(0))) == c
     finally:
         coord.begins.put(None)
         coord.thread.join(WAIT_S)
+
+
+def test_a_revision_to_every_rank_takes_the_standing_c_back(scripted):
+    coord, store = scripted
+    coord.policy.first, coord.policy.revised = 2, 4
+    coord.begin(0, time.perf_counter())
+    assert announced(store, 0) == 2
+    arrive(store, 0, 0, 0.01)
+    limit_becomes(store, 0, 0)  # revised to all four: no rank cuts
+    assert [arrive(store, 0, w, 0.02).limit for w in (1, 2)] == [0, 0]
+    assert not store.check([P.cut_key(0)])
+    arrive(store, 0, 3, 0.03)
+    assert wait_cut(store, 0) == 4 and coordinated(coord, 0)["c"] == 4
+
+
+def test_a_revision_down_moves_the_cut_to_the_holder_of_the_lower_ticket(scripted):
+    coord, store = scripted
+    coord.policy.first, coord.policy.revised = 3, 2
+    coord.begin(0, time.perf_counter())
+    assert announced(store, 0) == 3
+    arrive(store, 0, 0, 0.01)
+    limit_becomes(store, 0, 2)
+    assert arrive(store, 0, 1, 0.02) == P.Ticket(2, 2, False)  # it cut
+    assert int(store.get(P.closed_key(0))) == 2 and arrive(store, 0, 2, 0.03).closed
+    assert coordinated(coord, 0)["c"] == 2
+
+
+def test_a_c_raised_after_its_holder_cut_ends_the_iteration_at_that_cut(scripted):
+    """The holder of the standing c cut before the coordinator read a report; the revision
+    then raised c: the coordinator takes the closed count, not a wait for tickets that were
+    refused."""
+    coord, store = scripted
+    coord.policy.first, coord.policy.revised = 2, 3
+    coord.begin(0, time.perf_counter())
+    assert announced(store, 0) == 2
+    arrive(store, 0, 0, 0.01, report=False)
+    assert arrive(store, 0, 1, 0.02) == P.Ticket(2, 2, False)  # it cut and closed
+    assert arrive(store, 0, 2, 0.03).closed
+    write_report(store, 0, 1, 0, 0.01)
+    assert coordinated(coord, 0)["c"] == 2 and coord.policy.revisions >= 1
 
 
 def test_the_report_names_the_slow_ranks_a_loop_found(coordinator, tmp_path):
