@@ -270,23 +270,22 @@ class Coordinator:
         self.batched = setup.mode != "direct"
         self.fixed = setup.mode == "fixed"
         self.standing = 0  # the c announced in the iteration's counter (0: none)
+        self.stood: set[int] = set()  # every c announced in it so far
 
-    def iteration(self, t: int) -> tuple[int, float]:
-        """Iteration t's admission: the c it ended at and when it set the cut (NaN: the rank
-        holding ticket c did). ``fixed``: c is announced before the iteration starts, and moved
+    def iteration(self, t: int) -> tuple[int, int, float]:
+        """Iteration t's admission: the c it ended at, the tickets admitted (a batch read
+        admits every ticket in it) and when it set the cut (NaN: the rank holding ticket c did). ``fixed``: c is announced before the iteration starts, and moved
         after each revision of an online policy."""
         self.driver.begin(np.ones(self.setup.ranks, dtype=bool))
-        self.standing = 0
+        self.standing, self.stood = 0, set()
         self.stand(t)
-        ticket, c = 1, 0
-        while not c:
+        ticket, c, held = 1, 0, False
+        while not (c or held):
             reports, closed = self.read(t, ticket)
             c = self.hand_over(reports, ticket)
-            ticket += len(reports)
-            if not c and closed:  # the holder of a c that stood then cut it
-                c = ticket - 1
-            elif not c:
-                self.stand(t)
+            first, ticket = ticket, ticket + len(reports)
+            # the holder of a c that stood then cut: every admitted report is read below
+            held = not c and (closed or self.holder_cut(t, first, ticket - 1) or self.stand(t))
         (total, first), cut_at = P.close_tickets(self.store, t), np.nan
         if first:
             self.store.set(P.cut_key(t), str(total))
@@ -296,14 +295,25 @@ class Coordinator:
         late = self.read_many(t, ticket, total) if total >= ticket else []
         self.hand_over(late, ticket)
         self.driver.end()
-        return c, cut_at
+        return (total if held else c), total, cut_at
 
-    def stand(self, t: int) -> None:
-        """``fixed``: announce the driver's c in iteration t's counter, or move it there."""
+    def stand(self, t: int) -> bool:
+        """``fixed``: announce the driver's c in iteration t's counter, or move it there;
+        whether the counter was closed then (as ``LoopCoordinator._stand``)."""
         target = self.driver.target if self.driver.target < self.setup.ranks else 0
-        if self.fixed and target != self.standing:
-            P.move_limit(self.store, t, target - self.standing)
-            self.standing = target
+        if not self.fixed or target == self.standing:
+            return False
+        moved = P.move_limit(self.store, t, target - self.standing)
+        self.standing = target
+        self.stood.add(target)
+        return moved.closed
+
+    def holder_cut(self, t: int, first: int, last: int) -> bool:
+        """Whether the holder of a c that stood cut, asked only when tickets first..last hold
+        one (as ``LoopCoordinator._holder_cut``)."""
+        if not any(first <= c <= last for c in self.stood):
+            return False
+        return P.tickets_admitted(self.store, t, STEP_TIMEOUT_S)[1]
 
     def read(self, t: int, ticket: int) -> tuple[list[bytes], bool]:
         """The report of ``ticket`` (waiting for it), and, batched, every later one taken;
@@ -327,14 +337,16 @@ class Coordinator:
         return [self.store.get(k) for k in keys]
 
     def hand_over(self, reports: list[bytes], first: int) -> int:
-        """Each report (tickets ``first`` on) to the driver in ticket order: the ticket that
-        ended the iteration, or 0 (reports after it are admitted, as the close admits them)."""
-        ended = 0
-        for k, blob in enumerate(reports, start=first):
-            w, runtime, _ = blob.decode().split(",")
-            if self.driver.arrive(int(w), float(runtime)) and not ended:
-                ended = k
-        return ended
+        """The reports read together (tickets ``first`` on) to the driver in ticket order, an
+        online policy revised once, at the last (``IterationDriver.arrive_all``, as the
+        library's coordinator does): the ticket that ended the iteration, or 0. Read one by one
+        (``direct``), a static c ends at its own ticket."""
+        if not reports:
+            return 0
+        arrivals = [blob.decode().split(",")[:2] for blob in reports]
+        if not self.driver.arrive_all([(int(w), float(runtime)) for w, runtime in arrivals]):
+            return 0
+        return min(max(self.driver.target, first), first + len(reports) - 1)  # c, if read now
 
 
 def counted(t: int, count: int | None) -> int:
@@ -345,14 +357,14 @@ def counted(t: int, count: int | None) -> int:
 
 def coordinate(setup: Setup, store, coordinator: Coordinator) -> dict:
     """Run every iteration: announce, admit, cut, wait for every process to have seen it."""
-    c, cut_at, cpu = (np.zeros(setup.iterations) for _ in range(3))
+    c, admitted, cut_at, cpu = (np.zeros(setup.iterations) for _ in range(4))
     for t in range(setup.iterations):
         tic = time.thread_time()
         store.set(P.go_key(t), "0")
-        c[t], cut_at[t] = coordinator.iteration(t)
+        c[t], admitted[t], cut_at[t] = coordinator.iteration(t)
         cpu[t] = time.thread_time() - tic
         store.wait([done_key(t, p) for p in range(setup.procs)], timeout())
-    return {"c": c, "cut_at": cut_at, "cpu": cpu}
+    return {"c": c, "admitted": admitted, "cut_at": cut_at, "cpu": cpu}
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -412,9 +424,11 @@ def reap(procs) -> None:
 
 def summarise(setup: Setup, coord: dict, ranks: dict, coord_trips: int, server_cpu: float) -> dict:
     """Per iteration: the c-th arrival (ticket c taken) to the last rank seeing the cut, and
-    to the coordinator setting it; medians and 99th percentiles over the measured ones."""
+    to the coordinator setting it; medians and 99th percentiles over the measured ones. Where a
+    rank cut, c is its ticket (the c that stood: tickets taken before its close are admitted
+    too, so an online iteration can admit more)."""
     keep = slice(WARMUP, None)
-    c = coord["c"].astype(int)
+    c = cut_tickets(coord["c"].astype(int), ranks)
     cth = np.array([ranks["taken"][t][ranks["ticket"][t] == c[t]][0] for t in range(len(c))])
     visible = (ranks["seen"].max(axis=1) - cth)[keep] * 1e3
     by_rank = np.min(np.where(np.isnan(ranks["cut_set"]), np.inf, ranks["cut_set"]), axis=1)
@@ -429,6 +443,7 @@ def summarise(setup: Setup, coord: dict, ranks: dict, coord_trips: int, server_c
         "procs": setup.procs,
         "iterations": t - WARMUP,
         "mean_c": float(c[keep].mean()),
+        "mean_admitted": float(coord["admitted"][keep].mean()),
         "cut_visible_ms_p50": pct(visible, 50),
         "cut_visible_ms_p99": pct(visible, 99),
         "cut_at_nodes_ms_p50": pct(at_nodes, 50),
@@ -441,6 +456,14 @@ def summarise(setup: Setup, coord: dict, ranks: dict, coord_trips: int, server_c
         "store_server_cpu_ms_per_iteration": round(server_cpu / t * 1e3, 3),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
+
+
+def cut_tickets(admitted: np.ndarray, ranks: dict) -> np.ndarray:
+    """Per iteration, the ticket of the rank that set the cut, or (the coordinator cut) the
+    number of tickets admitted."""
+    cut_by = ~np.isnan(ranks["cut_set"])
+    return np.array([ranks["ticket"][t][cut_by[t]][0] if cut_by[t].any() else admitted[t]
+                     for t in range(len(admitted))])  # fmt: skip
 
 
 def pct(values: np.ndarray, q: float) -> float:
@@ -509,14 +532,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, help="default 60, 20 with --quick")
     parser.add_argument("--procs", type=int, help="rank processes (default ranks/32, 1-4)")
     parser.add_argument("--mode", choices=MODES, default="fixed")
-    parser.add_argument("--policy", default="", help="a policy spec (default static:C, C = 90%% "
-                        "of the ranks); an online one, e.g. ewma:online, revises c as reports come")
+    parser.add_argument(
+        "--policy",
+        default="",
+        help="a policy spec (default static:C, C = 90%% "
+        "of the ranks); an online one, e.g. ewma:online, revises c as reports come",
+    )
     parser.add_argument("--quick", action="store_true", help="20 iterations")
     parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = parser.parse_args(argv)
     setup = default_setup(args.ranks, args.quick, args.mode, args.iterations)
     if args.procs or args.policy:
-        setup = Setup(**{**asdict(setup), "procs": args.procs or setup.procs, "policy": args.policy})
+        setup = Setup(
+            **{**asdict(setup), "procs": args.procs or setup.procs, "policy": args.policy}
+        )
     result = measure(setup)
     print(json.dumps(result) if args.json else render([result]))
     return 0

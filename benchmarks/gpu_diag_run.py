@@ -45,9 +45,11 @@ def timed(owner, name, tag=None, clock=time.perf_counter):
 
 variant = os.environ.get("DIAG", "base")
 if variant in ("nomark", "nosync"):
+
     def mark(self):
         if self.cuda:
             self.events.append(self._event())
+
     T.ComputeTimer.mark = mark
 if variant == "nosync":
     T.ComputeTimer.stop = lambda self: time.perf_counter() - self.begun
@@ -68,7 +70,12 @@ try:
 finally:
     if out:
         steps = max(CALLS["__exit__"], 1)
-        Path(out).write_text(json.dumps({
-            "variant": variant, "steps": steps,
-            "ms_per_step": {k: 1e3 * v / steps for k, v in sorted(SPENT.items())},
-        }))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "variant": variant,
+                    "steps": steps,
+                    "ms_per_step": {k: 1e3 * v / steps for k, v in sorted(SPENT.items())},
+                }
+            )
+        )

@@ -181,7 +181,7 @@ def test_an_online_policy_announces_its_c_and_the_holder_of_that_ticket_cuts(tmp
         coord.begin(0, time.perf_counter())
         c = announced(store, 0)
         assert coord.policy.online and c == coord.driver.chosen < 3
-        tickets = [arrive(store, 0, w, x) for w, x in ((0, 0.01), (1, 0.01), (2, 1.0))[:c + 1]]
+        tickets = [arrive(store, 0, w, x) for w, x in ((0, 0.01), (1, 0.01), (2, 1.0))[: c + 1]]
         assert tickets[c - 1] == P.Ticket(c, c, False) and tickets[c].closed  # ticket c cut
         assert wait_cut(store, 0) == c and int(store.get(P.closed_key(0))) == c
     finally:
@@ -227,6 +227,61 @@ def test_a_c_raised_after_its_holder_cut_ends_the_iteration_at_that_cut(scripted
     assert arrive(store, 0, 2, 0.03).closed
     write_report(store, 0, 1, 0, 0.01)
     assert coordinated(coord, 0)["c"] == 2 and coord.policy.revisions >= 1
+
+
+class Hooked:
+    """The coordinator's view of a store: after its n-th read of iteration 0's ticket counter
+    (``add(n/0, 0)``) the test's ``hooks[n]`` runs, so ranks act between that read and the
+    coordinator's next call."""
+
+    def __init__(self, store, hooks: dict) -> None:
+        self.store, self.hooks, self.reads = store, hooks, 0
+
+    def add(self, key: str, value: int) -> int:
+        out = self.store.add(key, value)
+        if key == P.ticket_key(0) and value == 0:
+            self.reads += 1
+            self.hooks.get(self.reads, lambda: None)()
+        return out
+
+    def clone(self) -> Hooked:  # (the coordinator's own connection: this view again)
+        return self
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+def test_the_holder_of_an_earlier_c_cutting_between_a_count_and_its_reports_ends_the_iteration(
+    tmp_path,
+):
+    """Ticket 3 was taken while c = 3 stood; the revision after ticket 1 took c to every rank.
+    The coordinator's next count (3 taken, none closed) precedes that holder's cut, its read of
+    reports 2..3 follows it: it must ask again, not wait for a fourth report that was refused."""
+    store = dist.HashStore()
+
+    def second_and_third_take_tickets():
+        assert arrive(store, 0, 1, 0.02) == P.Ticket(2, 3, False)
+        assert P.decode_ticket(store.add(P.ticket_key(0), 1)) == P.Ticket(3, 3, False)
+
+    def third_cuts():
+        P.cut_at_limit(store, 0, 3)
+        write_report(store, 0, 3, 2, 0.03)
+
+    hooked = Hooked(store, {1: second_and_third_take_tickets, 2: third_cuts})
+    cfg = LoopConfig(policy="ecdf:online", traces=None, timeout_s=10 * WAIT_S)
+    coord = LoopCoordinator(cfg, hooked, 4, ["h0", "h1", "h2", "h3"], "run-h", "cpu")
+    coord.policy = Scripted(3, 4)
+    coord.driver = IterationDriver(coord.policy, 4)
+    coord.start(time.perf_counter())
+    try:
+        coord.begin(0, time.perf_counter())
+        assert announced(store, 0) == 3
+        arrive(store, 0, 0, 0.01)
+        assert coordinated(coord, 0)["c"] == 3 and wait_cut(store, 0) == 3
+        assert hooked.reads >= 3 and arrive(store, 0, 3, 0.04).closed
+    finally:
+        coord.begins.put(None)
+        coord.thread.join(WAIT_S)
 
 
 def test_the_report_names_the_slow_ranks_a_loop_found(coordinator, tmp_path):
