@@ -269,15 +269,14 @@ class Coordinator:
         self.driver = IterationDriver(policy, setup.ranks)
         self.batched = setup.mode != "direct"
         self.fixed = setup.mode == "fixed"
-        self.standing = 0  # the c announced in the iteration's counter (0: none)
-        self.stood: set[int] = set()  # every c announced in it so far
+        self.standing = P.StandingC(setup.ranks)  # the c announced in the iteration's counter
 
     def iteration(self, t: int) -> tuple[int, int, float]:
         """Iteration t's admission: the c it ended at, the tickets admitted (a batch read
         admits every ticket in it) and when it set the cut (NaN: the rank holding ticket c did). ``fixed``: c is announced before the iteration starts, and moved
         after each revision of an online policy."""
         self.driver.begin(np.ones(self.setup.ranks, dtype=bool))
-        self.standing, self.stood = 0, set()
+        self.standing.begin()
         self.stand(t)
         ticket, c, held = 1, 0, False
         while not (c or held):
@@ -300,20 +299,11 @@ class Coordinator:
     def stand(self, t: int) -> bool:
         """``fixed``: announce the driver's c in iteration t's counter, or move it there;
         whether the counter was closed then (as ``LoopCoordinator._stand``)."""
-        target = self.driver.target if self.driver.target < self.setup.ranks else 0
-        if not self.fixed or target == self.standing:
-            return False
-        moved = P.move_limit(self.store, t, target - self.standing)
-        self.standing = target
-        self.stood.add(target)
-        return moved.closed
+        return self.fixed and self.standing.move(self.store, t, self.driver.target)
 
     def holder_cut(self, t: int, first: int, last: int) -> bool:
-        """Whether the holder of a c that stood cut, asked only when tickets first..last hold
-        one (as ``LoopCoordinator._holder_cut``)."""
-        if not any(first <= c <= last for c in self.stood):
-            return False
-        return P.tickets_admitted(self.store, t, STEP_TIMEOUT_S)[1]
+        """Whether the holder of a c that stood cut (``protocol.StandingC.held_cut``)."""
+        return self.standing.held_cut(self.store, t, first, last, STEP_TIMEOUT_S)
 
     def read(self, t: int, ticket: int) -> tuple[list[bytes], bool]:
         """The report of ``ticket`` (waiting for it), and, batched, every later one taken;

@@ -92,6 +92,40 @@ def move_limit(store, t: int, by: int) -> Ticket:
     return decode_ticket(store.add(ticket_key(t), by * LIMIT))
 
 
+class StandingC:
+    """The c standing in one iteration's ticket counter at a time, for a coordinator whose
+    policy may revise it (the training loop's, ``benchmarks/control_plane.py``'s): every c that
+    stood, so that a report read with such a ticket prompts a fresh look at the counter."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.begin()
+
+    def begin(self) -> None:
+        """A new iteration: nothing announced yet."""
+        self.c, self.stood = 0, set()
+
+    def move(self, store, t: int, target: int) -> bool:
+        """Announce ``target`` in iteration t's counter, or move the standing c there (a c of
+        every rank is no cut: 0); whether the counter was closed when moved (the holder of a c
+        that stood before has cut)."""
+        target = target if target < self.world else 0
+        if target == self.c:
+            return False
+        moved = move_limit(store, t, target - self.c)
+        self.c = target
+        self.stood.add(target)
+        return moved.closed
+
+    def held_cut(self, store, t: int, first: int, last: int, timeout_s: float) -> bool:
+        """Whether the holder of a c that stood cut iteration t, asked (one round trip) only
+        when tickets ``first..last``, just read, hold such a c: the count read before them may
+        predate that holder's close, which precedes its report."""
+        if not any(first <= c <= last for c in self.stood):
+            return False
+        return tickets_admitted(store, t, timeout_s)[1]
+
+
 def cut_at_limit(store, t: int, c: int) -> None:
     """What the holder of ticket c of an announced iteration does: set the cut (the ranks still
     computing stop at once), close the counter (tickets taken until then are admitted, as at

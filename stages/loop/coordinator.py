@@ -66,8 +66,7 @@ class LoopCoordinator:
         if self.policy.mode != "sync" or cfg.policy == "oracle":
             raise BdsgdError(f"policy {cfg.policy!r} cannot cut a training loop's iterations")
         self.driver = IterationDriver(self.policy, world)
-        self.standing = 0  # the c announced in the current iteration's ticket counter (0: none)
-        self.stood: set[int] = set()  # every c announced in it so far
+        self.standing = P.StandingC(world)  # the c announced in the iteration's ticket counter
         self.writer = TraceWriter(TraceStore(cfg.traces)) if cfg.traces else None
         self.begins: queue.Queue = queue.Queue()
         self.coordinated: dict[int, dict] = {}  # t -> what the coordinator saw of iteration t
@@ -153,7 +152,7 @@ class LoopCoordinator:
 
     def _iteration(self, t: int, began: float) -> None:
         self.driver.begin(np.ones(self.world, dtype=bool))
-        self.standing, self.stood = 0, set()
+        self.standing.begin()
         self._stand(t)  # the rank holding ticket c cuts
         seen = self._watch(t, began)
         admitted = self._cut(t)
@@ -172,21 +171,7 @@ class LoopCoordinator:
         whose ticket is the c standing when it takes it cuts, without waiting for this thread to
         read the reports before it. A c of every rank is no cut: nothing stands. Whether the
         counter was closed when moved (the holder of a c that stood before cut)."""
-        target = self.driver.target if self.driver.target < self.world else 0
-        if target == self.standing:
-            return False
-        moved = P.move_limit(self.c10d, t, target - self.standing)
-        self.standing = target
-        self.stood.add(target)
-        return moved.closed
-
-    def _holder_cut(self, t: int, first: int, last: int) -> bool:
-        """Whether the holder of a c that stood cut iteration t, asked again (one round trip)
-        only when tickets ``first..last``, just read, hold such a c: the counter read before
-        them may predate that holder's close, which precedes its report."""
-        if not any(first <= c <= last for c in self.stood):
-            return False
-        return P.tickets_admitted(self.c10d, t, self.cfg.timeout_s)[1]
+        return self.standing.move(self.c10d, t, self.driver.target)
 
     def _cut(self, t: int) -> int:
         """Close iteration t's counter and set its cut (the number of tickets admitted), unless
@@ -216,7 +201,7 @@ class LoopCoordinator:
                 first, (taken, closed) = len(seen) + 1, self._taken(t)
                 if self._hand_over(seen, self._reports(t, first, taken)) or closed:
                     return seen  # (closed: the holder of a c that stood then cut; all read)
-                if self._holder_cut(t, first, taken):
+                if self.standing.held_cut(self.c10d, t, first, taken, self.cfg.timeout_s):
                     return seen  # (the rest admitted are read after the cut)
             elif self.driver.wait(time.perf_counter() - began):
                 return seen

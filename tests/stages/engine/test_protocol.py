@@ -139,3 +139,33 @@ def test_the_store_cannot_be_reached_on_another_address():
 def test_a_store_on_an_address_this_machine_lacks_is_one_error():
     with pytest.raises(WorkerError, match="control store at 203.0.113.254"):
         P.open_store("203.0.113.254", 0, is_server=True, timeout_s=1.0)  # TEST-NET-3
+
+
+def test_a_standing_c_moves_in_the_counter_and_a_c_of_every_rank_is_no_cut():
+    import torch.distributed as dist
+
+    store, standing = dist.HashStore(), P.StandingC(4)
+    assert not standing.move(store, 0, 3)
+    assert P.decode_ticket(store.add(P.ticket_key(0), 1)) == P.Ticket(1, 3, False)
+    assert not standing.move(store, 0, 2) and not standing.move(store, 0, 2)  # (no second add)
+    assert P.decode_ticket(store.add(P.ticket_key(0), 1)) == P.Ticket(2, 2, False)  # it cuts
+    assert not standing.move(store, 0, 4)  # every rank: nothing stands
+    assert P.decode_ticket(store.add(P.ticket_key(0), 0)).limit == 0
+    assert standing.stood == {3, 2, 0}
+    standing.begin()
+    assert standing.c == 0 and not standing.stood
+
+
+def test_a_holder_that_cut_is_seen_by_the_move_after_it_or_by_asking_again():
+    import torch.distributed as dist
+
+    store, standing = dist.HashStore(), P.StandingC(4)
+    standing.move(store, 0, 2)
+    for _ in range(2):
+        ticket = P.decode_ticket(store.add(P.ticket_key(0), 1))
+    assert ticket == P.Ticket(2, 2, False)
+    assert not standing.held_cut(store, 0, 1, 2, 1.0)  # not closed yet
+    P.cut_at_limit(store, 0, 2)
+    assert not standing.held_cut(store, 0, 3, 3, 1.0)  # ticket 2 not among those read
+    assert standing.held_cut(store, 0, 1, 2, 1.0)
+    assert standing.move(store, 0, 3)  # raised after its holder cut: the counter is closed
