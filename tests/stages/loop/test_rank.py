@@ -119,6 +119,30 @@ def test_a_slow_rank_is_cut_every_iteration_and_censored_in_the_traces(tmp_path,
 
 
 @pytest.mark.slow
+def test_an_online_policy_learns_to_cut_the_slow_rank_and_its_c_stands_for_the_fast_ones(tmp_path):
+    """ewma:online of 3, rank 0 (the coordinator's) a second slower: the first iteration waits
+    for it (no history), every later one cuts it at c = 2, which stands in the ticket counter, so
+    a fast rank may set the cut; the replicas stay identical and rank 0's late rows are censored."""
+    steps = 5
+    slow = "synthetic:base_s=0.005,slow_workers=1,slow_worker_factor=200,sigma=0,spike_p=0"
+    args = ["--steps", str(steps), "--policy", "ewma:online", "--micro-batches", "2",
+            "--stragglers", slow, "--result", str(tmp_path / "r"),
+            "--out", str(tmp_path / "run"), "--traces", str(tmp_path / "traces")]  # fmt: skip
+    ranks_ok(run_ranks(3, *args))
+    seen = [load(tmp_path / "r", r) for r in range(3)]
+    assert seen[0]["params"] == seen[1]["params"] == seen[2]["params"]
+    assert seen[0]["admitted"] == [3] + [2] * (steps - 1)
+    assert seen[0]["cut"] == [False] + [True] * (steps - 1)
+    # (a fast rank cuts in every iteration whose c stood before its ticket: rank 0 announces it
+    # when it begins, as the fast ranks begin computing)
+    assert seen[0]["cuts_set"] == 0 and 1 <= seen[1]["cuts_set"] + seen[2]["cuts_set"] <= steps - 1
+    rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
+    assert rows.filter(rows["worker"] == 0)["censored"].to_list() == [False] + [True] * (steps - 1)
+    log = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
+    assert log["c"] == [3] + [2] * (steps - 1)
+
+
+@pytest.mark.slow
 def test_resumed_mid_run_reaches_the_state_of_an_uninterrupted_run(tmp_path):
     """AdamW moments and the scheduler are restored: 3 steps, save, a new job resumes to 6,
     and ends where 6 steps straight end; the traces hold each (iteration, rank) once."""
