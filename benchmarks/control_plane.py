@@ -432,8 +432,8 @@ def summarise(setup: Setup, coord: dict, ranks: dict, coord_trips: int, server_c
         "policy": setup.policy or f"static:{setup.cutoff}",
         "procs": setup.procs,
         "iterations": t - WARMUP,
-        "mean_c": float(c[keep].mean()),
-        "mean_admitted": float(coord["admitted"][keep].mean()),
+        "mean_c": round(float(c[keep].mean()), 1),
+        "mean_admitted": round(float(coord["admitted"][keep].mean()), 1),
         "cut_visible_ms_p50": pct(visible, 50),
         "cut_visible_ms_p99": pct(visible, 99),
         "cut_at_nodes_ms_p50": pct(at_nodes, 50),
@@ -464,12 +464,17 @@ def pct(values: np.ndarray, q: float) -> float:
 SIZES = (64, 256, 1024)
 
 
+ONLINE = "ewma:online"  # the online policy of the table's last rows (its revisions cost little)
+
+
 def run(quick: bool = False) -> str:
-    """Markdown: both modes at 64, 256 and 1,024 ranks."""
-    rows = []
-    for ranks in SIZES[:2] if quick else SIZES:
-        for mode in MODES:
-            rows.append(measure(default_setup(ranks, quick, mode)))
+    """Markdown: every mode at 64, 256 and 1,024 ranks with a static c, then an online policy
+    at the largest size through the coordinator (``batched``) and standing (``fixed``)."""
+    sizes = SIZES[:2] if quick else SIZES
+    rows = [measure(default_setup(ranks, quick, mode)) for ranks in sizes for mode in MODES]
+    for mode in ("batched", "fixed"):
+        setup = default_setup(sizes[-1], quick, mode)
+        rows.append(measure(Setup(**{**asdict(setup), "policy": ONLINE})))
     return render(rows)
 
 
@@ -482,6 +487,8 @@ def default_setup(ranks: int, quick: bool, mode: str, iterations: int | None = N
 COLUMNS = (
     ("ranks", "ranks"),
     ("mode", "mode"),
+    ("policy", "policy"),
+    ("mean_c", "mean c"),
     ("cut_visible_ms_p50", "cut visible p50 ms"),
     ("cut_visible_ms_p99", "p99 ms"),
     ("cut_at_nodes_ms_p50", "cut at every node p50 ms"),
@@ -506,7 +513,8 @@ def render(rows: list[dict]) -> str:
         f"run-times log-normal around {setup.base_s * 1e3:g} ms (spread {setup.sigma}), "
         f"{setup.p_slow:.0%} stragglers x{setup.slow_factor:g}. `cut visible`: from the c-th "
         "ticket taken to the last rank seeing the cut; `cut set`: to `set(cut/<t>)` returning "
-        "(the coordinator's, or in `fixed` the one of the rank holding ticket c).",
+        "(the coordinator's, or in `fixed` the one of the rank holding ticket c). c: the ticket "
+        "of the rank that cut, else the policy's c in the batch the coordinator read.",
         "",
         "| " + " | ".join(h for _, h in COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
