@@ -48,7 +48,6 @@ from bdsgd.stages.model.evaluate import Filtered, NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
-from pyro.infer import TraceMeanField_ELBO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -65,7 +64,7 @@ class FitConfig:
     """SVI steps (one mini-batch of windows each). 2000 rather than 1000: on a held-out cluster
     whose hosts slow down gradually (not in jumps) the online policy gained 1.2-1.9 points of
     oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit at N=32,
-    T=2000 takes 58-66 CPU seconds on one core of this project's 2-core machine (docs/benchmarks.md),
+    T=2000 takes 51-63 CPU seconds on one core of this project's 2-core machine (docs/benchmarks.md),
     about 4 minutes at N=256."""
     seed: int = 0
     """Seeds parameter initialisation, window sampling and evaluation."""
@@ -307,14 +306,14 @@ def _setup_model(
 def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> list[float]:
     """SVI on random windows; returns the loss (negative ELBO per training entry) of each step.
 
-    Each step is what ``pyro.infer.SVI.step`` does, written out: the ELBO's differentiable loss,
+    Each step is what ``pyro.infer.SVI.step`` with ``TraceMeanField_ELBO`` does, written out:
+    the ELBO's differentiable loss (:meth:`RuntimeModel.negative_elbo`, without Pyro's traces),
     its gradients, one optimizer step of every parameter, the gradients cleared. The model and
     guide use the module's parameters directly instead of registering them with ``pyro.module``
     at every call (72 parameter sites a step, about 1.1-1.7 ms of a 27 ms step), and the same
-    updates follow (the same losses to the last bit over 200 steps)."""
+    updates follow (the same losses to the last bit as Pyro's SVI, ``tests/stages/test_fit.py``)."""
     rng = np.random.default_rng(config.seed)
     optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
-    elbo = TraceMeanField_ELBO()
     params = [p for p in model.parameters() if p.requires_grad]
     losses: list[float] = []
     with _progress(config.progress) as bar, pyro.validation_enabled(False):
@@ -323,7 +322,7 @@ def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> lis
             batch = sample_windows(data, config.window, config.batch, rng)
             batch = subsample_hosts(batch, config.step_workers, rng)
             batch = _mask_unknown(batch, config.unknown_p, rng)
-            loss = elbo.differentiable_loss(model.model, model.guide, batch)
+            loss = model.negative_elbo(batch)
             loss.backward()
             optim(params)
             for p in params:

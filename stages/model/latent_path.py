@@ -119,7 +119,7 @@ class FilteredPath(_Path):
 
 
 @register_kl(FilteredPath, MarkovPath)
-def _kl_at_draw(q: FilteredPath, p: MarkovPath) -> torch.Tensor:
+def kl_at_draw(q: FilteredPath, p: MarkovPath) -> torch.Tensor:
     """sum_t KL(q(z_t | z_{t-1}) || p(z_t | z_{t-1})) at q's latest draw (the module docstring)."""
     if q.drawn is None:
         raise NotImplementedError("FilteredPath has not drawn a path")

@@ -58,7 +58,7 @@ from bdsgd.stages.model.data import (
 )
 from bdsgd.stages.model.gru import gru_sequence
 from bdsgd.stages.model.guide_path import draw_path
-from bdsgd.stages.model.latent_path import FilteredPath, MarkovPath
+from bdsgd.stages.model.latent_path import FilteredPath, MarkovPath, kl_at_draw
 from torch import nn
 from torch.nn import functional as F
 
@@ -494,6 +494,25 @@ class RuntimeModel(nn.Module):
         with pyro.plate("windows", batch):
             z = pyro.sample("z", MarkovPath(self.transition, self.z_init, batch, length))
             pyro.factor("y", self.emission_log_lik(z, data, params))
+
+    def negative_elbo(self, data: RunTensors) -> torch.Tensor:
+        """``TraceMeanField_ELBO().differentiable_loss(self.model, self.guide, data)`` computed
+        directly, to the same bits and with the same random draws: the guide's path drawn first
+        (the head, the encoder, :meth:`FilteredPath.rsample`), then the model's terms at it, the
+        registered per-step KL and the emission's log-likelihood, summed over windows in Pyro's
+        order (``-((0 - KL) + log p(y | z))``). Without Pyro's tracing, its two sites' messengers
+        and the replay of the model: about 2 of the 23 ms of a fit's step at 32 workers
+        (docs/benchmarks.md, issue 32)."""
+        batch, length = data.y.shape[:2]
+        q = FilteredPath(self.combiner, self.z_q_init, self.encoder(data, self._emb(data)))
+        z = q.rsample()
+        params = self.head(data.worker_idx, data.host_idx)  # the model's own call, as in Pyro
+        kl = kl_at_draw(q, MarkovPath(self.transition, self.z_init, batch, length))
+        return -((0.0 - kl.sum()) + self.emission_log_lik(z, data, params).sum())
+
+    def _emb(self, data: RunTensors) -> torch.Tensor:
+        """The guide's call of the head, for the encoder's embeddings."""
+        return self.head(data.worker_idx, data.host_idx).emb
 
     def guide(self, data: RunTensors) -> None:
         """q(z_{1:L} | y_{1:L}) = prod_t q(z_t | z_{t-1}, h_t), h_t from the past only

@@ -210,9 +210,9 @@ def test_a_crafted_init_checkpoint_is_refused_before_the_traces_are_read(tmp_pat
 
 
 def test_train_takes_the_steps_pyros_svi_takes(tmp_path):
-    """``train`` writes SVI.step out, and the model and guide no longer register their
-    parameters with ``pyro.module``: the same losses and the same weights as Pyro's SVI with
-    that registration, step for step."""
+    """``train`` writes SVI.step out (its loss ``RuntimeModel.negative_elbo``, not Pyro's
+    traces), and the model and guide no longer register their parameters with ``pyro.module``:
+    the same losses and the same weights as Pyro's SVI with that registration, step for step."""
     x, cens, hosts = drifting_cluster(60, 6, 2, seed=1, cutoff=5)
     run = RunMatrix("r", x, cens, np.ones_like(cens), tuple(hosts))
     data = [to_tensors(run, Normaliser.fit([run]), torch.arange(1, 7),
