@@ -35,10 +35,10 @@ from bdsgd_cli.common import emit_json, run_stage
 @click.option(
     "--step-workers",
     type=int,
-    default=0,
-    show_default=True,
-    help="Workers each SVI step sees, as whole hosts drawn at random (0: every worker); for "
-    "large clusters, where a step's cost grows with the workers.",
+    default=None,
+    help="Workers each SVI step sees, as whole hosts drawn at random (0: every worker). "
+    "Default: on 512 workers and more, 64 or 4 hosts' worth if more, where that is at most a "
+    "quarter of the workers (16 hosts and more); every worker otherwise.",
 )
 @click.option(
     "--holdout",
@@ -91,6 +91,8 @@ def _print_table(result) -> None:
     if line := _calibration_line(result.calibration):
         console.print(line)
     console.print(f"checkpoint: {result.checkpoint}  ({result.fit_s:.1f} s)")
+    if result.step_workers:
+        console.print(f"each step saw about {result.step_workers} workers (--step-workers)")
 
 
 def _calibration_line(calibration: dict | None) -> str | None:

@@ -14,6 +14,7 @@ with a note: their rows count each worker's own computations, not iterations beg
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -87,10 +88,12 @@ class FitConfig:
     """Width of the networks."""
     unknown_p: float = 0.1
     """Chance a worker/host is shown as "unknown" in a training window, to learn that embedding."""
-    step_workers: int = 0
+    step_workers: int | None = None
     """Workers each SVI step sees, as whole hosts drawn at random (about this many; the
     likelihood weighed by all hosts / the hosts seen): a step's cost then stops growing with N.
-    0: every worker (the default)."""
+    0: every worker. None (the default): :func:`auto_step_workers` of the store, which
+    subsamples only stores of 512 workers and more, where each step still sees at least four
+    hosts and at most a quarter of the workers (on 16 hosts and more)."""
     censor_copy: bool = True
     """Also train on a copy of every run censored as a cutoff policy would censor it."""
     eval_samples: int = 256
@@ -115,7 +118,7 @@ class FitConfig:
                 1 <= size <= MAX_WIDTH for size in (self.z_dim, self.hidden)
             ),
             "unknown_p must be in [0, 1)": 0.0 <= self.unknown_p < 1.0,
-            "step_workers must be >= 0": self.step_workers >= 0,
+            "step_workers must be >= 0": self.step_workers is None or self.step_workers >= 0,
             "eval_samples must be >= 1": self.eval_samples >= 1,
             f"--threads must be in 1..{cpus} (this machine's CPUs)": 1 <= self.threads <= cpus,
         }
@@ -137,10 +140,14 @@ class FitResult:
     """ELBO loss per SVI step, nats per training entry (lower is better)."""
     calibration: dict | None = None
     """Held-out calibration of the predictive (``bdsgd.stages.model.evaluate.PitCollector``)."""
+    step_workers: int = 0
+    """The workers each step saw (0: every worker), as :func:`auto_step_workers` or the user
+    set it."""
 
     def to_json(self) -> dict:
         return {
             "steps": self.steps,
+            "step_workers": self.step_workers,
             "val_nll": self.val_nll,
             "baseline_nll": self.baseline_nll,
             "checkpoint": str(self.checkpoint),
@@ -177,9 +184,36 @@ def check_output(checkpoint: Path, traces: Path) -> None:
     check_writable(checkpoint)
 
 
+AUTO_FROM = 512
+"""The default subsamples only stores this wide (:func:`auto_step_workers`)."""
+AUTO_STEP_WORKERS = 64
+"""The workers a step sees by default on a large cluster."""
+AUTO_MIN_HOSTS = 4
+"""... but never fewer than this many hosts' worth."""
+AUTO_MAX_SHARE = 0.25
+"""Subsample by default only where a step then sees at most this share of the workers."""
+
+
+def auto_step_workers(runs: list[RunMatrix]) -> int:
+    """``step_workers`` when the user gives none: on a store whose widest run has at least
+    :data:`AUTO_FROM` workers, max(:data:`AUTO_STEP_WORKERS`, :data:`AUTO_MIN_HOSTS` hosts'
+    worth of them) where that is at most :data:`AUTO_MAX_SHARE` of them; else 0 (every
+    worker). At 1,024 workers a full fit takes a quarter of an hour on one core and one that
+    sees 64 a step a fifth of it, with ``bdsgd``'s oracle ratio unchanged (docs/benchmarks.md);
+    at 256 a full fit takes 2-4 minutes, and there the subsampled fits' x_(c) came out less
+    well calibrated on the short runs at a new level (issue 31), so it is left whole. A step
+    that saw 2 of 8 hosts fitted 0.007 nats worse, hence the four hosts."""
+    widest = max(runs, key=lambda run: run.shape[1])
+    workers, hosts = widest.shape[1], max(1, len(set(widest.hosts)))
+    step = max(AUTO_STEP_WORKERS, math.ceil(AUTO_MIN_HOSTS * workers / hosts))
+    return step if workers >= AUTO_FROM and step <= AUTO_MAX_SHARE * workers else 0
+
+
 def _fit(
     config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None, began: float
 ) -> FitResult:
+    if config.step_workers is None:  # the checkpoint records what the fit did
+        config = dataclasses.replace(config, step_workers=auto_step_workers(runs))
     pyro.set_rng_seed(config.seed)
     pyro.clear_param_store()
     train_runs = [_head(r, split(r.shape[0], config.holdout)) for r in runs]
@@ -207,6 +241,7 @@ def _fit(
         fit_s=time.perf_counter() - began,
         losses=losses,
         calibration=report.calibration if report else None,
+        step_workers=config.step_workers,
     )
 
 
@@ -320,7 +355,8 @@ def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> lis
         task = bar.add_task("fit", total=config.steps, elbo=float("nan"))
         for _ in range(config.steps):
             batch = sample_windows(data, config.window, config.batch, rng)
-            batch = subsample_hosts(batch, config.step_workers, rng)
+            # step_workers None (run_fit resolves it with auto_step_workers): every worker
+            batch = subsample_hosts(batch, config.step_workers or 0, rng)
             batch = _mask_unknown(batch, config.unknown_p, rng)
             loss = model.negative_elbo(batch)
             loss.backward()
@@ -366,6 +402,7 @@ def _summary(
 ) -> dict:
     return {
         "steps": config.steps,
+        "step_workers": config.step_workers,
         "val_nll": report.model if report else None,
         "baseline_nll": {"window": report.window, "ewma": report.ewma} if report else None,
         "calibration": report.calibration if report else None,

@@ -24,8 +24,10 @@ from pyro.infer import SVI, TraceMeanField_ELBO
 from tests.stages.model.clusters import drifting_cluster, write_run
 
 
-def _store(path: Path, workers: int = 5, iterations: int = 60, seed: int = 0) -> TraceStore:
-    cluster = SyntheticCluster(seed=seed, hosts=2, p_slow=0.05)
+def _store(
+    path: Path, workers: int = 5, iterations: int = 60, seed: int = 0, hosts: int = 2
+) -> TraceStore:
+    cluster = SyntheticCluster(seed=seed, hosts=hosts, p_slow=0.05)
     store = TraceStore(path)
     x = cluster.delays(iterations, workers)
     write_run(store, f"run-{seed}", x, np.zeros_like(x, dtype=bool), cluster.host_of(workers))
@@ -301,3 +303,47 @@ def test_a_fit_learns_a_slow_start_from_the_run_position(tmp_path):
         medians.append(float(np.median(predictor.sample(256).numpy())))
         predictor.observe(new.runtimes[t], new.censored[t])
     assert medians[1] > 1.3 * max(medians[2:])
+
+
+def _wide(workers: int, hosts: int) -> RunMatrix:
+    x = np.ones((3, workers))
+    full = np.ones_like(x, dtype=bool)
+    return RunMatrix("r", x, ~full, full, tuple(f"h{w % hosts}" for w in range(workers)))
+
+
+@pytest.mark.parametrize(
+    "workers, hosts, expected",
+    [
+        (1024, 1024, 64),  # one worker a host: 64 a step
+        (1024, 128, 64),  # 8 a host: 64 is 8 hosts
+        (1024, 64, 64),  # 16 a host: 4 hosts
+        (1024, 32, 128),  # 32 a host: 4 hosts' worth, 128
+        (1024, 8, 0),  # 4 hosts would be half the workers: every worker
+        (512, 512, 64),
+        (512, 16, 128),  # 4 hosts of 32: a quarter
+        (256, 256, 0),  # under 512 workers: every worker
+        (32, 8, 0),
+    ],
+)
+def test_the_default_step_subsample_keeps_four_hosts_and_at_most_a_quarter(
+    workers, hosts, expected
+):
+    assert fit.auto_step_workers([_wide(16, 4), _wide(workers, hosts)]) == expected
+
+
+def test_a_fit_of_512_workers_subsamples_by_default_and_records_it(tmp_path, monkeypatch):
+    _store(tmp_path / "traces", workers=512, iterations=24, hosts=32)
+    seen = []
+    real = RuntimeModel.emission_log_lik
+
+    def spy(self, z, data, params):
+        seen.append((data.y.shape[-1], data.weight))
+        return real(self, z, data, params)
+
+    monkeypatch.setattr(RuntimeModel, "emission_log_lik", spy)
+    assert run_fit(_config(tmp_path, steps=2, window=8, batch=2, eval_samples=4)).step_workers == 64
+    assert seen == [(64, 8.0)] * 2  # 4 of the 32 hosts of 16 workers, weighed by 8
+    assert load_checkpoint(tmp_path / "m.pt").summary["step_workers"] == 64
+    run_fit(_config(tmp_path, steps=2, window=8, batch=2, eval_samples=4, step_workers=0))
+    assert seen[2:] == [(512, 1.0)] * 2
+    assert load_checkpoint(tmp_path / "m.pt").summary["step_workers"] == 0
