@@ -79,6 +79,8 @@ def _print_table(result) -> None:
     from rich.table import Table
 
     console = Console(stderr=True)
+    if result.step_workers:
+        console.print(f"each step saw about {result.step_workers} workers (--step-workers)")
     if result.val_nll is None:
         console.print(f"fitted {result.steps} steps -> {result.checkpoint} (no held-out data)")
         return
@@ -91,8 +93,6 @@ def _print_table(result) -> None:
     if line := _calibration_line(result.calibration):
         console.print(line)
     console.print(f"checkpoint: {result.checkpoint}  ({result.fit_s:.1f} s)")
-    if result.step_workers:
-        console.print(f"each step saw about {result.step_workers} workers (--step-workers)")
 
 
 def _calibration_line(calibration: dict | None) -> str | None:

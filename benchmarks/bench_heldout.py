@@ -156,7 +156,8 @@ def write_store(
 @dataclass(frozen=True)
 class Unlike:
     """A cluster of :mod:`benchmarks.clusters`: its runs at its own size, and the fit steps (fewer
-    at N = 1024, where a step costs about 30 times one at N = 32)."""
+    at N = 1024, where a full step costs about 30 times one at N = 32; ``fit`` now subsamples a
+    store of 1,024 workers by default, ``fit.auto_step_workers``)."""
 
     runs: Callable[[], list[tuple[np.ndarray, list[str]]]]
     workers: int

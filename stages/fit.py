@@ -195,16 +195,29 @@ AUTO_MAX_SHARE = 0.25
 
 
 def auto_step_workers(runs: list[RunMatrix]) -> int:
-    """``step_workers`` when the user gives none: on a store whose widest run has at least
-    :data:`AUTO_FROM` workers, max(:data:`AUTO_STEP_WORKERS`, :data:`AUTO_MIN_HOSTS` hosts'
-    worth of them) where that is at most :data:`AUTO_MAX_SHARE` of them; else 0 (every
-    worker). At 1,024 workers a full fit takes a quarter of an hour on one core and one that
-    sees 64 a step a fifth of it, with ``bdsgd``'s oracle ratio unchanged (docs/benchmarks.md);
-    at 256 a full fit takes 2-4 minutes, and there the subsampled fits' x_(c) came out less
-    well calibrated on the short runs at a new level (issue 31), so it is left whole. A step
-    that saw 2 of 8 hosts fitted 0.007 nats worse, hence the four hosts."""
-    widest = max(runs, key=lambda run: run.shape[1])
-    workers, hosts = widest.shape[1], max(1, len(set(widest.hosts)))
+    """``step_workers`` when the user gives none: the largest of the runs' own steps
+    (:func:`own_step`), where every run it would subsample has a step of its own (at least
+    :data:`AUTO_FROM` workers) and is at least four times as wide; else 0 (every worker), so a
+    run under 512 workers, or on few large hosts, is never subsampled by default. At 1,024
+    workers a full fit takes a quarter of an hour on one core and one that sees 64 a step a
+    sixth of it, with ``bdsgd``'s oracle ratio as high (docs/benchmarks.md); at 256 a default
+    fit takes about 4 minutes, and there the subsampled fits' x_(c) came out less well
+    calibrated on the short runs at a new level (issue 31), so it is left whole. A step that
+    saw 2 of 8 hosts fitted 0.007 nats worse, hence the four hosts."""
+    wide = [run for run in runs if run.shape[1] > AUTO_STEP_WORKERS]
+    own = [own_step(run) for run in wide]
+    if not own or 0 in own:
+        return 0
+    step = max(own)
+    subsampled = [run.shape[1] for run in wide if run.shape[1] > step]
+    return step if all(step <= AUTO_MAX_SHARE * workers for workers in subsampled) else 0
+
+
+def own_step(run: RunMatrix) -> int:
+    """One run's default step: max(:data:`AUTO_STEP_WORKERS`, :data:`AUTO_MIN_HOSTS` hosts'
+    worth of its workers) where it has at least :data:`AUTO_FROM` workers and that is at most
+    :data:`AUTO_MAX_SHARE` of them; else 0."""
+    workers, hosts = run.shape[1], max(1, len(set(run.hosts)))
     step = max(AUTO_STEP_WORKERS, math.ceil(AUTO_MIN_HOSTS * workers / hosts))
     return step if workers >= AUTO_FROM and step <= AUTO_MAX_SHARE * workers else 0
 
@@ -346,7 +359,9 @@ def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> lis
     its gradients, one optimizer step of every parameter, the gradients cleared. The model and
     guide use the module's parameters directly instead of registering them with ``pyro.module``
     at every call (72 parameter sites a step, about 1.1-1.7 ms of a 27 ms step), and the same
-    updates follow (the same losses to the last bit as Pyro's SVI, ``tests/stages/test_fit.py``)."""
+    updates follow (the same losses to the last bit as Pyro's SVI, ``tests/stages/test_fit.py``).
+    ``config.step_workers`` None is every worker here: :func:`run_fit` gives it its default
+    (:func:`auto_step_workers`) first."""
     rng = np.random.default_rng(config.seed)
     optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -355,7 +370,7 @@ def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> lis
         task = bar.add_task("fit", total=config.steps, elbo=float("nan"))
         for _ in range(config.steps):
             batch = sample_windows(data, config.window, config.batch, rng)
-            # step_workers None (run_fit resolves it with auto_step_workers): every worker
+            # step_workers None (run_fit resolves it by auto_step_workers): every worker here
             batch = subsample_hosts(batch, config.step_workers or 0, rng)
             batch = _mask_unknown(batch, config.unknown_p, rng)
             loss = model.negative_elbo(batch)

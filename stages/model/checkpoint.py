@@ -5,7 +5,7 @@ Contents (plain dict): ``format``, ``version``, ``model_config`` (dict), ``state
 ``level_sd`` and ``level_dof``: ``bdsgd.stages.model.data``), ``worker_ids`` / ``host_names`` (embedding row i + 1 holds entry i;
 row 0 is "unknown"), ``worker_hosts`` (the host each id last ran on), ``default_hosts`` (the
 latest run's worker set, by position = worker id), ``fit_config``, ``summary`` (steps,
-val_nll, baseline_nll, calibration, traces, workers) and ``common`` ([shift, sd, widen,
+step_workers, val_nll, baseline_nll, calibration, common_slowdown, traces, workers, runs) and ``common`` ([shift, sd, widen,
 tighten]: the shared log-slowdown the recalibration adds, its factor on each worker's spread and
 its factor on the draws' spread of locations; absent in older files: none; older three-number
 ones: tighten 1). Writes are atomic: a temporary name, then os.replace; a write replaces only an

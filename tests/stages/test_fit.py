@@ -331,6 +331,21 @@ def test_the_default_step_subsample_keeps_four_hosts_and_at_most_a_quarter(
     assert fit.auto_step_workers([_wide(16, 4), _wide(workers, hosts)]) == expected
 
 
+@pytest.mark.parametrize(
+    "runs, expected",
+    [
+        ([(1024, 128), (256, 32)], 0),  # the 256-worker run would be subsampled: none is
+        ([(1024, 1024), (600, 6)], 0),  # 64 of 600 would be 1 of its 6 hosts
+        ([(1024, 1024), (1024, 32)], 128),  # each run's own step; 128 is 4 of its 32 hosts
+        ([(1024, 1024), (512, 512), (64, 64)], 64),  # 64 workers: never subsampled
+        ([(2048, 2048), (500, 500)], 0),  # a run under 512 workers is left whole
+        ([(2048, 2048), (600, 600)], 64),
+    ],
+)
+def test_the_default_subsamples_a_store_only_where_every_run_it_cuts_qualifies(runs, expected):
+    assert fit.auto_step_workers([_wide(n, h) for n, h in runs]) == expected
+
+
 def test_a_fit_of_512_workers_subsamples_by_default_and_records_it(tmp_path, monkeypatch):
     _store(tmp_path / "traces", workers=512, iterations=24, hosts=32)
     seen = []
