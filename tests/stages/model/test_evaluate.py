@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 from bdsgd.stages.estimators import EwmaLogNormal, lognormal_logpdf_or_logsf
 from bdsgd.stages.fit import FitConfig, run_fit
-from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, ks_distance, split
+from bdsgd.stages.model.evaluate import (
+    PitCollector,
+    baseline_log_lik,
+    ks_distance,
+    pit_summary,
+    split,
+)
 from bdsgd.stages.store import RunMatrix, TraceStore
 
 from tests.stages.model.clusters import drifting_cluster, write_run
@@ -102,3 +108,30 @@ def test_the_ks_distance_is_judged_against_what_a_calibrated_predictive_gives_at
         assert narrow[key]["ks"] > narrow[key]["ks_p95"] and narrow[key]["ks_p"] < 0.01
     # fewer values, a wider band: 300 x_(c) values against 6,000 run-times
     assert calibrated["order_stat"]["ks_p95"] > 3 * calibrated["runtime"]["ks_p95"]
+
+
+@pytest.mark.parametrize("n", [1, 7, 41, 240, 720, 6400])
+def test_the_ks_bound_and_chance_agree_with_the_exact_two_sided_distribution(n):
+    from scipy.stats import kstwo  # the exact two-sided distribution pit_summary avoids importing
+
+    u = np.random.default_rng(n).random(n) ** 1.2  # leaning a little: a KS well above zero
+    found = pit_summary(u)
+    assert found["ks_p95"] == pytest.approx(kstwo.ppf(0.95, n), abs=1e-6)
+    exact = kstwo.sf(found["ks"], n)
+    assert exact <= found["ks_p"] + 1e-12  # an upper bound ...
+    if exact < 0.3:  # ... and the chance itself where it says anything
+        assert found["ks_p"] == pytest.approx(exact, abs=1e-3)
+    assert pit_summary(np.zeros(0))["ks_p"] is None
+
+
+def test_a_fit_does_not_import_scipy_stats():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy, bdsgd.stages.fit; from bdsgd.stages.model.evaluate import pit_summary; "
+        "pit_summary(numpy.linspace(0, 1, 50)); print('scipy.stats' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
