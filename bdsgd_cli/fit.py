@@ -41,6 +41,14 @@ from bdsgd_cli.common import emit_json, run_stage
     "quarter of the workers (16 hosts and more); every worker otherwise.",
 )
 @click.option(
+    "--host-drops",
+    is_flag=True,
+    default=False,
+    help="Model a host's slow spell ending (a drop of the whole host) as well as starting: "
+    "better held-out NLL on hosts that switch in and out of slow spells, a decision 10-25% "
+    "dearer. With --init, the earlier checkpoint's choice stands.",
+)
+@click.option(
     "--holdout",
     type=float,
     default=0.2,

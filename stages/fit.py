@@ -94,6 +94,12 @@ class FitConfig:
     0: every worker. None (the default): :func:`auto_step_workers` of the store, which
     subsamples only stores of 512 workers and more, where each step still sees at least four
     hosts and at most a quarter of the workers (on 16 hosts and more)."""
+    host_drops: bool = False
+    """Model a host's slow spell ending as well as starting: a host can drop by R_w as a whole
+    (its probability and size read from the host's history), beside the jump up. On clusters
+    whose hosts switch in and out of slow spells the held-out NLL is 0.07-0.08 better and the
+    run-times' calibration a little better, the policy's throughput unchanged, and a decision
+    costs 10-25% more (docs/benchmarks.md, issue 31). ``init``: the prior's choice stands."""
     censor_copy: bool = True
     """Also train on a copy of every run censored as a cutoff policy would censor it."""
     eval_samples: int = 256
@@ -336,8 +342,13 @@ def _setup_model(
             num_hosts=len(vocab.host_names),
             z_dim=config.z_dim,
             hidden=config.hidden,
+            recovery=config.host_drops,
         )
         return RuntimeModel(cfg), Normaliser.fit(train_runs, anchored=True), vocab
+    if config.host_drops and not prior.model.cfg.recovery:
+        raise ConfigError(
+            f"{config.init}: fitted without host drops; fit without --init to model them"
+        )
     cfg = ModelConfig(
         **{
             **prior.model.cfg.to_dict(),

@@ -32,10 +32,11 @@ from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
-VERSION = 5
-READS = (4, 5)
-"""The versions this bdsgd reads: 4 is 5 without the run-position features (its
-``model_config`` has no ``num_features``); a bdsgd that reads 4 only says it cannot read 5."""
+VERSION = 6
+READS = (4, 5, 6)
+"""The versions this bdsgd reads: 5 is 6 without a host's drop (its ``model_config`` has no
+``recovery``), 4 is 5 without the run-position features (no ``num_features``); a bdsgd that
+reads only older ones says it cannot read a newer one."""
 NO_RECALIBRATION = (0.0, 0.0, 1.0, 1.0)  # common: shift, sd, widen, tighten
 REQUIRED_KEYS = frozenset({"format", "version", "model_config", "state_dict", "norm"})
 """What every checkpoint bdsgd has written holds, whatever its version."""
@@ -187,7 +188,10 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 def _model_config(values: dict) -> ModelConfig:
     """The network sizes, each an integer within :data:`SIZE_LIMITS`."""
-    cfg = ModelConfig(**{"num_features": BASE_FEATURES, **values})  # (version 4: no position)
+    # version 4: no position features; 4 and 5: no drop
+    cfg = ModelConfig(**{"num_features": BASE_FEATURES, "recovery": False, **values})
+    if not isinstance(cfg.recovery, bool):
+        raise ValueError(f"model_config recovery {cfg.recovery!r} is not true or false")
     for name, (low, high) in SIZE_LIMITS.items():
         size = getattr(cfg, name)
         if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:

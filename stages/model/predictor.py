@@ -284,21 +284,26 @@ class Arrivals:
         self.scale = scale[:particles].float().numpy()
         for name, value in pred.worker_constants().items():  # the same every iteration
             setattr(self, name, value)
-        logit = pred.base.jump_logit[pred.host_index.first].double().numpy()
-        self.log_calm, self.log_jump = -np.logaddexp(0, logit), -np.logaddexp(0, -logit)
+        self.log_states = host_log_probs(pred.base, pred.host_index.first)  # (K, G)
+        self.num_states, self.num_hosts = self.log_states.shape
         self.rng = pred.rng
-        self.num_hosts = logit.size
         self.added: np.ndarray | None = None  # the arrivals already summed into seen_arrived
         self.seen_arrived = np.zeros(0)
         self.mixed = self.mixed_sum = np.zeros(0)  # see arrived_terms
-        # every worker's four components once per iteration, (P, N, 4): a revision gathers its
+        # every worker's components once per iteration, (P, N, 2K): a revision gathers its
         # workers' rows instead of adding and multiplying them out again
-        self.means = self.loc[:, :, None] + self.offsets
-        self.sds = self.scale[:, :, None] * self.sd_factors
+        offsets, sd_factors = self.offsets, self.sd_factors
+        if pred.base.drop is not None:  # bulk and tail with the host dropped: this iteration's R
+            drop = pred.base.drop.detach().float().numpy()[:, None]
+            offsets = np.concatenate([offsets, offsets[:, :2] - drop], -1)
+            sd_factors = np.concatenate([sd_factors, sd_factors[:, :2]], -1)
+            self.log_weights = np.concatenate([self.log_weights, self.log_weights[:, :2]], -1)
+        self.means = self.loc[:, :, None] + offsets
+        self.sds = self.scale[:, :, None] * sd_factors
 
     def components(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Means, sds (P, n, 4) and log weights (n, 4) of workers w's four components: bulk and
-        tail without their host's jump, then bulk and tail with it."""
+        """Means, sds (P, n, 2K) and log weights (n, 2K) of workers w's components: bulk and
+        tail with their host calm, then jumped, then (with recovery) dropped."""
         return self.means.take(w, axis=1), self.sds.take(w, axis=1), self.log_weights[w]
 
     def grouped(self, mask: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -314,15 +319,15 @@ class Arrivals:
         return w, groups[starts], starts, np.cumsum(first) - 1
 
     def arrived_terms(self, y: np.ndarray, arrived: np.ndarray) -> np.ndarray:
-        """(P, 2, G) per host: log p(what its arrived workers showed | draw p, jump j). Arrivals
+        """(P, K, G) per host: log p(what its arrived workers showed | draw p, state k). Arrivals
         only grow within an iteration, so the sums are kept and only new arrivals are added (the
         revision that ends an iteration costs what its last arrival costs, not all N). Kept with
-        them: ``mixed`` (P, G), each host's term with its jump summed out, and ``mixed_sum``
+        them: ``mixed`` (P, G), each host's term with its state summed out, and ``mixed_sum``
         (P,), their sum over hosts, so that a revision weighs the draws by updating only the
         hosts it waits on (a host with no arrival yet has mixed 0: log(1 - rho + rho))."""
         if self.added is None or (self.added & ~arrived).any():  # first call, or not a superset
             self.added = np.zeros(arrived.shape, dtype=bool)
-            self.seen_arrived = np.zeros((self.loc.shape[0], 2, self.num_hosts))
+            self.seen_arrived = np.zeros((self.loc.shape[0], self.num_states, self.num_hosts))
             self.mixed = np.zeros((self.loc.shape[0], self.num_hosts))
             self.mixed_sum = np.zeros(self.loc.shape[0])
         fresh = arrived & ~self.added
@@ -334,11 +339,11 @@ class Arrivals:
         if new.size:
             means, sds, logw = self.components(new)
             dens = -0.5 * ((y[new, None] - means) / sds) ** 2 - np.log(sds) + logw
-            terms = logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, 2)
+            terms = logaddexp(dens[..., 0::2], dens[..., 1::2])  # (P, n_new, K)
             summed = np.add.reduceat(terms, starts, axis=1).transpose(0, 2, 1)
             seen = self.seen_arrived[:, :, hosts] + summed
             self.seen_arrived[:, :, hosts] = seen
-            mixed = logaddexp(seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts])
+            mixed = summed_states(seen + self.log_states[:, hosts])
             self.mixed_sum += (mixed - self.mixed[:, hosts]).sum(-1)
             self.mixed[:, hosts] = mixed
             if not np.isfinite(self.mixed_sum).all():  # a term at -inf: (-inf) - (-inf)
@@ -357,12 +362,13 @@ class Arrivals:
         log_surv = log_ndtr32((means - np.float32(y_now)) / sds)
         weighted = log_surv + logw
         out = logaddexp(weighted[..., 0::2], weighted[..., 1::2])  # log P(still out | p, j)
-        pick, jumped = self.draw_hosts(y, arrived, hosts, starts, out)
-        # flat indices into the (P, n, 2) arrays of each sample's draw, worker and jump (the
-        # host mates of a sample share its jump), then into the (P, n, 4) ones of its component
+        pick, state = self.draw_hosts(y, arrived, hosts, starts, out)
+        # flat indices into the (P, n, K) arrays of each sample's draw, worker and host state
+        # (the host mates of a sample share its state), then into the (P, n, 2K) ones of its
+        # component
         cell = pick[:, None] * np.int32(w.size) + np.arange(w.size, dtype=np.int32)
-        cell *= 2
-        cell += jumped[:, inverse]
+        cell *= self.num_states
+        cell += state[:, inverse]
         tail_share = np.exp(weighted[..., 1::2] - out).reshape(-1)
         idx = cell + cell
         idx += self.rng.random(cell.shape, dtype=np.float32) < tail_share.take(cell)
@@ -379,11 +385,12 @@ class Arrivals:
 
     def draw_hosts(self, y, arrived, hosts, starts, out) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's draw of z (S,) int32, weighed by what arrived and what is still out
-        (``out``: log P(still out | draw, jump), (P, n, 2), the waiting workers grouped by host
-        from ``starts``), and whether each waited-on host jumped in it (S, hosts) bool."""
-        seen = self.arrived_terms(y, arrived)[:, :, hosts]  # (P, 2, hosts waited on)
+        (``out``: log P(still out | draw, state), (P, n, K), the waiting workers grouped by host
+        from ``starts``), and each waited-on host's state in it (S, hosts): whether it jumped
+        (bool), or with recovery 0 calm, 1 jumped, 2 dropped (int32)."""
+        seen = self.arrived_terms(y, arrived)[:, :, hosts]  # (P, K, hosts waited on)
         seen += np.add.reduceat(out, starts, axis=1).transpose(0, 2, 1)
-        calm, jump = seen[:, 0] + self.log_calm[hosts], seen[:, 1] + self.log_jump[hosts]
+        seen += self.log_states[:, hosts]
         # every other host's term is as the arrivals left it (mixed_sum)
         with np.errstate(invalid="ignore"):
             others = self.mixed_sum - self.mixed[:, hosts].sum(-1)
@@ -391,16 +398,37 @@ class Arrivals:
             rest = np.ones(self.num_hosts, dtype=bool)
             rest[hosts] = False
             others = self.mixed[:, rest].sum(-1)
-        joint = others + logaddexp(calm, jump).sum(-1)
+        mixed = summed_states(seen)  # (P, hosts waited on)
+        joint = others + mixed.sum(-1)
         pick = self.pick_draws(joint).astype(np.int32)
-        p_jump = 1.0 / (1.0 + np.exp(calm - jump))  # (P, hosts waited on)
-        return pick, self.rng.random((pick.size, hosts.size)) < p_jump[pick]  # one per host
+        u = self.rng.random((pick.size, hosts.size))  # one per host
+        if self.num_states == 2:
+            p_jump = 1.0 / (1.0 + np.exp(seen[:, 0] - seen[:, 1]))  # (P, hosts waited on)
+            return pick, u < p_jump[pick]
+        p = np.exp(seen[:, :2] - mixed[:, None])[pick]  # (S, 2, hosts): calm, jumped
+        return pick, (u >= p[:, 0]).astype(np.int32) + (u >= p[:, 0] + p[:, 1])
 
     def pick_draws(self, joint: np.ndarray) -> np.ndarray:
         """(S,) draws of z picked in proportion to exp(``joint``), their (P,) log weights."""
         weight = np.cumsum(np.exp(joint - joint.max()))
         pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
         return np.minimum(pick, weight.size - 1)
+
+
+def host_log_probs(base, first: torch.Tensor) -> np.ndarray:
+    """(K, G) float64 log probabilities of each host's states for :class:`Arrivals`, as
+    ``EmissionBase.host_log_probs`` gives them (calm, jumped and with recovery dropped)."""
+    jump = base.jump_logit[first].double().numpy()
+    if base.drop_logit is None:
+        return np.stack([-np.logaddexp(0, jump), -np.logaddexp(0, -jump)])
+    logits = np.stack([np.zeros_like(jump), jump, base.drop_logit[first].double().numpy()])
+    return logits - logaddexp(logaddexp(logits[0], logits[1]), logits[2])
+
+
+def summed_states(terms: np.ndarray) -> np.ndarray:
+    """(P, K, h) -> (P, h): log sum over the K host states (K = 2 or 3)."""
+    mixed = logaddexp(terms[:, 0], terms[:, 1])
+    return mixed if terms.shape[1] == 2 else logaddexp(mixed, terms[:, 2])
 
 
 SQRT_HALF = np.float32(math.sqrt(0.5))

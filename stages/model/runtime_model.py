@@ -9,6 +9,9 @@ Generative model (one window of L iterations, N workers on hosts h(w))::
     z_t | z_{t-1} ~ N(mu(z_{t-1}), diag sigma(z_{t-1})^2)              GatedTransition
     j_{t,h} | f_t ~ Bernoulli(rho_{t,h}),  logit rho_{t,h} = mean_{w on h} (u_w + j_w . f_{t,w}),
                     the mean weighted 4:1 towards workers whose last value was seen exactly
+                    (with ``ModelConfig.recovery``: j_{t,h} in {0, +1, -1}, P proportional to
+                    1, exp(logit rho), exp(logit delta), delta's logit the host mean of
+                    v_w + k_w . f_{t,w}; a drop moves m by -R_{t,w} = -softplus(r_w + m_w . f))
     y_{t,w} | z_t, j_t ~ (1 - pi_w) N(m, scale^2) + pi_w N(m + d_w, (k_w scale)^2),
                     m = loc + j_{t,h(w)} J_w, independent over workers given z_t, j_t  Emitter
         loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
@@ -21,7 +24,10 @@ component (heavy-tailed spikes: d_w > 0, k_w > 1, pi_w starts near 2%) that keep
 A host jump ``j_{t,h}`` slows every worker of host h at once by J_w (a host entering a slow
 spell: the next iteration's risk that a policy's c-th gradient comes from a host that has just
 slowed down); it is summed out exactly per host in the likelihood, and drawn per host when
-sampling. Sharing ``z_t``, the host jumps and host features make the workers' run-times jointly
+sampling. A fit with ``--host-drops`` adds the way out of a slow spell: a host can also drop by
+R as a whole, with a chance and a size read off its history (its EWMAs above the run's anchor),
+where without it only the wide tail component could stand for a recovery, for every worker
+(docs/benchmarks.md, "Host drops"). Sharing ``z_t``, the host jumps and host features make the workers' run-times jointly
 dependent. The emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the
 per-worker MLP runs once per worker set and sampling is one matmul. The history features give
 every worker the ``ewma`` baseline as a starting point (``loc = e``, ``scale = sd`` when the
@@ -91,6 +97,10 @@ class ModelConfig:
     num_features: int = NUM_FEATURES
     """History features per worker (:mod:`bdsgd.stages.model.data`): a checkpoint written before
     the run-position features has :data:`~bdsgd.stages.model.data.BASE_FEATURES`."""
+    recovery: bool = False
+    """Whether a host can also drop by R (a slow spell ending: :meth:`Emitter.recovery`;
+    ``bdsgd fit --host-drops``); a checkpoint written before it (version 5 and older) has
+    none."""
 
     def __post_init__(self) -> None:
         check_num_features(self.num_features)
@@ -173,6 +183,9 @@ class WorkerParams:
     jump_bias: torch.Tensor
     jump_w: torch.Tensor
     emb: torch.Tensor
+    recovery: torch.Tensor | None = None
+    """(N, 2 + 2F), with ``ModelConfig.recovery``: the drop's logit bias v and feature weights
+    k, the drop's size bias r and feature weights m (see :meth:`Emitter.recovery`)."""
 
 
 class WorkerHead(nn.Module):
@@ -197,6 +210,10 @@ class WorkerHead(nn.Module):
         )
         nn.init.normal_(self.mlp[2].weight, std=0.01)
         nn.init.zeros_(self.mlp[2].bias)
+        if cfg.recovery:  # zero at initialisation: a drop has probability ~ 0.007, size 1
+            self.recovery = nn.Linear(cfg.emb_dim, 2 + 2 * cfg.num_features)
+            nn.init.zeros_(self.recovery.weight)
+            nn.init.zeros_(self.recovery.bias)
         self.num_position = cfg.num_features - BASE_FEATURES
         if self.num_position:  # the run position's weights in g, h and j: every worker's
             self.position_w = nn.Parameter(torch.zeros(3, self.num_position))
@@ -226,6 +243,7 @@ class WorkerHead(nn.Module):
             jump_bias=tail[..., 5] - 5.0,
             jump_w=j,
             emb=emb,
+            recovery=self.recovery(emb) if hasattr(self, "recovery") else None,
         )
 
 
@@ -239,6 +257,19 @@ class EmissionBase:
     pre0: torch.Tensor
     scale0: torch.Tensor
     jump_logit: torch.Tensor
+    drop_logit: torch.Tensor | None = None
+    """With recovery: each host's drop logit (as ``jump_logit``), repeated per worker."""
+    drop: torch.Tensor | None = None
+    """With recovery: each worker's drop R when its host drops (> 0)."""
+
+    def host_log_probs(self, first: torch.Tensor) -> torch.Tensor:
+        """(K, ..., G) log probabilities of each host's states: calm, jumped and, with recovery,
+        dropped (a softmax of 0 and the logits); K = 2 without."""
+        jump = self.jump_logit[..., first]
+        if self.drop_logit is None:
+            return torch.stack([F.logsigmoid(-jump), F.logsigmoid(jump)])
+        logits = torch.stack([torch.zeros_like(jump), jump, self.drop_logit[..., first]])
+        return torch.log_softmax(logits, 0)
 
 
 @dataclass(frozen=True)
@@ -292,12 +323,27 @@ class Emitter(nn.Module):
         shown = present.float() * (known.float() + CENSORED_WEIGHT)
         count = (shown @ member).clamp(min=1e-6)
         host_logit = ((worker_logit * shown) @ member) / count
+        drop = {}
+        if params.recovery is not None:
+            drop = Emitter.recovery(params.recovery, feats, shown, member, count)
         return EmissionBase(
             loc0=ewma + params.a + (feats * params.g).sum(-1),
             pre0=params.c + (feats * params.h).sum(-1) + SOFTPLUS_ONE,
             scale0=torch.exp(sd.log() * params.sd_power),
             jump_logit=host_logit @ member.T,
+            **drop,
         )
+
+    @staticmethod
+    def recovery(rec: torch.Tensor, feats, shown, member, count) -> dict[str, torch.Tensor]:
+        """A host's drop: logit the host mean of v_w + k_w . f (weighted as the jump's), size
+        R = softplus(r_w + m_w . f) per worker: both read the host's history (its slow EWMA
+        above the run's anchor says it is in a slow spell that can end)."""
+        f = feats.shape[-1]
+        worker_logit = rec[..., 0] - 5.0 + (feats * rec[..., 1 : 1 + f]).sum(-1)
+        host_logit = ((worker_logit * shown) @ member) / count
+        size = F.softplus(rec[..., 1 + f] + SOFTPLUS_ONE + (feats * rec[..., 2 + f :]).sum(-1))
+        return {"drop_logit": host_logit @ member.T, "drop": size}
 
     def forward(self, z: torch.Tensor, params: WorkerParams, base: EmissionBase):
         """loc, scale of y given z and no host jump: z (..., K) -> (..., N)."""
@@ -320,14 +366,18 @@ class Emitter(nn.Module):
 
     @classmethod
     def joint_log_lik(cls, y, censored, present, loc, scale, params, base, hosts: HostIndex):
-        """sum over present entries of log p(y_w | z), each host's jump summed out:
-        sum_h log((1 - rho_h) prod_w p(y_w) + rho_h prod_w p(y_w | jump)), (..., N) -> (...)."""
+        """sum over present entries of log p(y_w | z), each host's state summed out:
+        sum_h log sum_s P(s_h) prod_w p(y_w | s_h), s calm, jumped (+J) and with recovery dropped
+        (-R), (..., N) -> (...)."""
         shown = present.float()
-        both = cls.log_lik(y, censored, torch.stack([loc, loc + params.jump]), scale, params)
-        calm, jumped = ((both * shown) @ hosts.member).unbind(0)
-        logit = base.jump_logit[..., hosts.first]
-        mixed = torch.logaddexp(calm + F.logsigmoid(-logit), jumped + F.logsigmoid(logit))
-        return mixed.sum(-1)
+        locs = [loc, loc + params.jump] + ([] if base.drop is None else [loc - base.drop])
+        both = cls.log_lik(y, censored, torch.stack(locs), scale, params)
+        states = (both * shown) @ hosts.member
+        log_p = base.host_log_probs(hosts.first)
+        log_p = log_p.reshape(log_p.shape[0], *[1] * (states.dim() - log_p.dim()), *log_p.shape[1:])
+        if log_p.shape[0] == 2:  # two states: as before the drop, to the bit
+            return torch.logaddexp(states[0] + log_p[0], states[1] + log_p[1]).sum(-1)
+        return torch.logsumexp(states + log_p, 0).sum(-1)
 
     @staticmethod
     @torch.no_grad()
@@ -346,8 +396,10 @@ class Emitter(nn.Module):
         pi. Both are rare, so every entry is first drawn from the bulk (``gen``), and the tails
         and the jumps are drawn (numpy ``rng``, default: seeded from ``gen``) and applied only
         where they occur (:func:`rare_cells`): a tail entry becomes loc + d + k (y - loc), a
-        jumped host's workers move by J. ``p`` (N + G,): the workers' pi then the hosts' jump
-        probabilities, if the caller has them (:meth:`rare_probabilities`)."""
+        jumped host's workers move by J; with recovery a host not jumped drops with probability
+        P(drop) / (1 - P(jump)) (so P(drop) in all), its workers by -R. ``p`` (N + G or
+        N + 2G,): the workers' pi then the hosts' jump and drop probabilities, if the caller has
+        them (:meth:`rare_probabilities`)."""
         y = torch.randn(loc.shape, generator=gen).mul_(scale).add_(loc)
         if rng is None:
             rng = np.random.default_rng(int(torch.randint(2**62, (), generator=gen)))
@@ -359,15 +411,28 @@ class Emitter(nn.Module):
         at = rows[tail], cols[tail]
         widen = _np(params.widen)[at[1]]
         out[at] = out[at] * widen + _np(params.shift)[at[1]] - _np(loc)[at] * (widen - 1)
-        workers, pair = hosts.workers_of(cols[~tail] - n)
-        out[rows[~tail][pair], workers] += _np(params.jump)[workers]
+        hosts_at, host_rows, num_hosts = cols[~tail] - n, rows[~tail], hosts.first.numel()
+        up = hosts_at < num_hosts
+        workers, pair = hosts.workers_of(hosts_at[up])
+        out[host_rows[up][pair], workers] += _np(params.jump)[workers]
+        if base.drop is not None and not up.all():
+            drop_rows, drop_hosts = host_rows[~up], hosts_at[~up] - num_hosts
+            jumped = host_rows[up] * num_hosts + hosts_at[up]
+            keep = ~np.isin(drop_rows * num_hosts + drop_hosts, jumped)  # jumped or dropped
+            workers, pair = hosts.workers_of(drop_hosts[keep])
+            out[drop_rows[keep][pair], workers] -= _np(base.drop)[workers]
         return y
 
     @staticmethod
     def rare_probabilities(params: WorkerParams, base: EmissionBase, hosts: HostIndex):
         """(N + G,) float32 numpy: each worker's tail probability pi, then each host's jump
-        probability, the Bernoulli rates :meth:`sample` draws its rare cells at."""
-        p = torch.cat([params.log_pi.exp(), torch.sigmoid(base.jump_logit[hosts.first])])
+        probability, then with recovery each host's drop probability given no jump, the
+        Bernoulli rates :meth:`sample` draws its rare cells at."""
+        if base.drop_logit is None:
+            p = torch.cat([params.log_pi.exp(), torch.sigmoid(base.jump_logit[hosts.first])])
+            return _np(p)
+        _, jump, drop = base.host_log_probs(hosts.first).exp()
+        p = torch.cat([params.log_pi.exp(), jump, (drop / (1.0 - jump)).clamp(max=1.0)])
         return _np(p)
 
 

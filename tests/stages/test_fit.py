@@ -362,3 +362,27 @@ def test_a_fit_of_512_workers_subsamples_by_default_and_records_it(tmp_path, mon
     run_fit(_config(tmp_path, steps=2, window=8, batch=2, eval_samples=4, step_workers=0))
     assert seen[2:] == [(512, 1.0)] * 2
     assert load_checkpoint(tmp_path / "m.pt").summary["step_workers"] == 0
+
+
+def test_a_fit_with_host_drops_learns_that_a_slow_host_drops_back(tmp_path):
+    """Hosts switch in and out of 4x slow spells: with --host-drops the fitted model gives a
+    host in a slow spell a far higher chance of dropping back next iteration than a calm one;
+    without it there is no drop, and --init cannot add one."""
+    cluster = SyntheticCluster(seed=4, hosts=4, p_slow=0.05, p_recover=0.25, slow_factor=4.0)
+    x = cluster.delays(600, 8)
+    store = TraceStore(tmp_path / "traces")
+    write_run(store, "run-0", x, np.zeros_like(x, dtype=bool), cluster.host_of(8))
+    config = _config(tmp_path, steps=400, window=24, holdout=0.0, host_drops=True)
+    assert load_checkpoint(run_fit(config).checkpoint).model.cfg.recovery
+    predictor = load_predictor(config.checkpoint, seed=0)
+    calm = np.full(8, float(np.median(x)))
+    for t in range(12):  # host0 (workers 0 and 4) slow from iteration 4 on
+        predictor.observe(np.where(np.arange(8) % 4 == 0, 4.0, 1.0) * calm if t >= 4 else calm,
+                          np.zeros(8, dtype=bool))  # fmt: skip
+    drop = torch.sigmoid(predictor.base.drop_logit).numpy()
+    assert drop[0] == drop[4] and drop[0] > 5 * drop[[1, 2, 3]].max()
+    plain = run_fit(_config(tmp_path, checkpoint=tmp_path / "plain.pt", holdout=0.0))
+    assert not load_checkpoint(plain.checkpoint).model.cfg.recovery
+    with pytest.raises(ConfigError, match="fitted without host drops"):
+        run_fit(_config(tmp_path, checkpoint=tmp_path / "c.pt", init=plain.checkpoint,
+                        host_drops=True))  # fmt: skip

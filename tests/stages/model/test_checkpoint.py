@@ -54,7 +54,7 @@ def test_file_is_plain_data_for_weights_only_load(tmp_path):
     assert all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values())
 
 
-@pytest.mark.parametrize("version", [1, 3, 6, 99, 5.0, "5"])
+@pytest.mark.parametrize("version", [1, 3, 7, 99, 5.0, "5"])
 def test_wrong_version_is_one_clear_error(tmp_path, version):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
@@ -253,11 +253,13 @@ def test_a_checkpoint_from_before_the_position_features_loads_and_predicts(tmp_p
     """A version 4 file (its model_config has no num_features) was written with the 8 history
     features: it loads as such, and its predictor computes those 8 (not the 12 of a new fit)."""
     torch.manual_seed(0)
-    old_cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=8)
+    old_cfg = ModelConfig(
+        num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=8, recovery=False
+    )
     old = dataclasses.replace(_checkpoint(), model=RuntimeModel(old_cfg))
     path = save_checkpoint(tmp_path / "m.pt", old)
     payload = torch.load(path, weights_only=True)
-    del payload["model_config"]["num_features"]
+    del payload["model_config"]["num_features"], payload["model_config"]["recovery"]
     torch.save({**payload, "version": 4}, path)
     loaded = load_checkpoint(path)
     assert loaded.model.cfg.num_features == 8 == _checkpoint().model.cfg.num_features - 4
@@ -272,7 +274,9 @@ def test_a_model_grown_from_one_without_the_position_predicts_as_it_did(tmp_path
     """fit --init from a version 4 checkpoint: the new model has the position features, with
     weights 0, so before any step it predicts what the prior did."""
     torch.manual_seed(0)
-    cfg8 = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=8)
+    cfg8 = ModelConfig(
+        num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=8, recovery=False
+    )
     old = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg8))
     model = RuntimeModel(dataclasses.replace(cfg8, num_features=12))
     model.load_state_dict(grown_state_dict(model, old.model))
@@ -283,3 +287,30 @@ def test_a_model_grown_from_one_without_the_position_predicts_as_it_did(tmp_path
         for predictor in predictors:
             predictor.observe(np.full(4, 0.05 * (1 + t % 2)), np.zeros(4, dtype=bool))
     torch.testing.assert_close(predictors[0].sample(32), predictors[1].sample(32))
+
+
+def test_a_checkpoint_from_before_the_drop_loads_without_it_and_predicts_as_written(tmp_path):
+    """A version 5 file (its model_config has no recovery) has no drop: it loads as such, and
+    its predictor draws what the model it was written from draws."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, recovery=False)
+    old = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
+    path = save_checkpoint(tmp_path / "m.pt", old)
+    payload = torch.load(path, weights_only=True)
+    del payload["model_config"]["recovery"]
+    torch.save({**payload, "version": 5}, path)
+    loaded = load_checkpoint(path)
+    assert loaded.model.cfg.recovery is False and not hasattr(loaded.model.head, "recovery")
+    predictors = [predictor_from(c, seed=3) for c in (loaded, old)]
+    for predictor in predictors:
+        predictor.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
+    assert predictors[0].base.drop is None
+    torch.testing.assert_close(predictors[0].sample(8), predictors[1].sample(8))
+    # a model with the drop keeps it, and a recovery flag that is not a bool is refused
+    cfg = dataclasses.replace(cfg, recovery=True)
+    dropping = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
+    assert load_checkpoint(save_checkpoint(tmp_path / "n.pt", dropping)).model.cfg.recovery
+    payload["model_config"]["recovery"] = 1
+    torch.save({**payload, "version": 6}, path)
+    with pytest.raises(CheckpointError, match="recovery 1 is not true or false"):
+        load_checkpoint(path)

@@ -71,15 +71,20 @@ def test_same_seed_same_samples(checkpoint_path):
     torch.testing.assert_close(draws[0], draws[1])
 
 
-def host_pair_predictor(tmp_path, interleaved: bool = False):
+def host_pair_predictor(tmp_path, interleaved: bool = False, drops: bool = False):
     """4 workers, hosts a, a, b, b; a host slows down as a whole (jump 3 normalised units) with
-    probability about 1/2 per iteration, so a host mate's run-time says much about a worker's."""
+    probability about 1/2 per iteration, so a host mate's run-time says much about a worker's.
+    ``drops``: a host also drops as a whole by 3 units, each of the three states about 1/3."""
     torch.manual_seed(0)
-    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, recovery=drops)
+    model = RuntimeModel(cfg)
     tail = sum(model.head.sizes[:6])  # the head's outputs: ..., tail (6), jump weights
     with torch.no_grad():
         model.head.mlp[2].bias[tail + 4] = 2.5  # jump size softplus(2.5 + 0.54) ~ 3
         model.head.mlp[2].bias[tail + 5] = 5.0  # jump logit bias ~ 0
+        if drops:  # the drop's outputs: logit bias, its weights (F), size bias, its weights
+            model.head.recovery.bias[0] = 5.0  # drop logit bias ~ 0
+            model.head.recovery.bias[1 + model.cfg.num_features] = 2.5  # size ~ 3
     vocab = Vocab((0, 1, 2, 3), ("a", "b"), {0: "a", 1: "a", 2: "b", 3: "b"})
     ckpt = Checkpoint(model, Normaliser(np.log(0.05), 0.3), vocab, ("a", "a", "b", "b"), {}, {})
     path = save_checkpoint(tmp_path / "m.pt", ckpt)
@@ -115,6 +120,23 @@ def test_workers_late_together_predict_their_host_slowed_down(tmp_path):
     # one per host: just above the present
     assert medians["same host"] > 1.4 * medians["one per host"]
     assert medians["one per host"] > now
+
+
+def test_a_host_mate_in_far_early_predicts_its_host_dropped(tmp_path):
+    # worker 1 (host a) still out just after a host's dropped level: its mate 0 came in at that
+    # level (host a dropped: 1 is due now), or host b's worker 2 did (nothing said of host a)
+    pred = host_pair_predictor(tmp_path, drops=True)
+    dropped = 0.05 * np.exp(-0.3 * 3.1)
+    now = dropped * 1.05
+    medians = {}
+    for name, came in {"mate dropped": 0, "other host dropped": 2}.items():
+        arrived = np.arange(4) == came
+        pred.sample(1024)
+        draws = pred.remaining(now, np.where(arrived, dropped, 0.0), arrived, ~arrived)
+        medians[name] = float(np.median(draws[:, 0]))  # worker 1 in both cases
+    assert pred._arrivals.num_states == 3
+    assert medians["other host dropped"] > 1.5 * medians["mate dropped"]
+    assert medians["mate dropped"] > now
 
 
 def test_remaining_needs_a_sample_first(tmp_path):
@@ -162,10 +184,8 @@ def test_arrivals_sum_only_new_arrivals_and_match_a_fresh_start(tmp_path):
     arrivals = pred._arrivals
     np.testing.assert_allclose(kept[0], arrivals.seen_arrived)
     # each host's term with its jump summed out, and their sum, as computed from the sums afresh
-    fresh = np.logaddexp(
-        arrivals.seen_arrived[:, 0] + arrivals.log_calm,
-        arrivals.seen_arrived[:, 1] + arrivals.log_jump,
-    )
+    assert arrivals.seen_arrived.shape[1] == arrivals.log_states.shape[0] == 2  # calm, jumped
+    fresh = np.logaddexp.reduce(arrivals.seen_arrived + arrivals.log_states, axis=1)
     np.testing.assert_allclose(kept[1], fresh, atol=1e-9)
     np.testing.assert_allclose(kept[2], fresh.sum(-1), atol=1e-9)
     assert np.abs(kept[2]).min() > 0.1  # the arrivals moved it (0 before any)

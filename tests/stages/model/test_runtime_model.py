@@ -180,9 +180,10 @@ def test_mixture_emission_mixes_densities_and_survivals_analytically():
     assert torch.all(shift > 0) and torch.all(widen > 1) and torch.all(pi < 0.05)
 
 
-def _emission_parts(groups: torch.Tensor):
+def _emission_parts(groups: torch.Tensor, recovery: bool = True):
     torch.manual_seed(0)
-    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, recovery=recovery)
+    model = RuntimeModel(cfg)
     params = model.head(torch.arange(1, 5), torch.tensor([1, 2, 1, 2]))
     hosts = HostIndex.of(groups)
     n = groups.numel()
@@ -215,9 +216,12 @@ def test_a_hosts_jump_risk_is_read_off_the_workers_seen_exactly():
     torch.testing.assert_close(base.jump_logit[2], (bias[2:].sum() + 3.0) / 2)  # none seen: mean
 
 
-def test_host_jumps_are_summed_out_exactly_per_host():
+@pytest.mark.parametrize("recovery", [False, True])
+def test_host_jumps_are_summed_out_exactly_per_host(recovery):
     groups = torch.tensor([0, 1, 0, 1])
-    model, params, hosts, base = _emission_parts(groups)
+    model, params, hosts, base = _emission_parts(groups, recovery)
+    if recovery:  # a drop likely enough to weigh: logits 0, jump, drop as a softmax
+        base = dataclasses.replace(base, drop_logit=torch.tensor([-1.0, -2.0, -1.0, -2.0]))
     y = torch.tensor([0.4, 2.5, 1.9, -0.3])
     cens = torch.tensor([False, False, True, False])
     present = torch.tensor([True, True, True, False])
@@ -225,11 +229,15 @@ def test_host_jumps_are_summed_out_exactly_per_host():
     got = model.emitter.joint_log_lik(y, cens, present, loc, scale, params, base, hosts)
     per = model.emitter.log_lik
     calm, jumped = per(y, cens, loc, scale, params), per(y, cens, loc + params.jump, scale, params)
+    dropped = per(y, cens, loc - base.drop, scale, params) if recovery else calm
     expected = 0.0
     for host in (0, 1):
         rows = (groups == host) & present
-        rho = torch.sigmoid(base.jump_logit[groups == host][0])
-        mix = (1 - rho) * calm[rows].sum().exp() + rho * jumped[rows].sum().exp()
+        jump = base.jump_logit[groups == host][0].exp()
+        drop = base.drop_logit[groups == host][0].exp() if recovery else torch.tensor(0.0)
+        total = 1 + jump + drop
+        mix = (calm[rows].sum().exp() + jump * jumped[rows].sum().exp()
+               + drop * dropped[rows].sum().exp()) / total  # fmt: skip
         expected = expected + mix.log()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert torch.all(base.jump_logit[groups == 0] == base.jump_logit[0])
@@ -239,7 +247,7 @@ def test_a_host_jump_moves_every_worker_of_that_host_together():
     groups = torch.tensor([0, 1, 0, 1])
     model, params, hosts, base = _emission_parts(groups)
     sure = torch.where(groups == 0, 50.0, -50.0)
-    base = dataclasses.replace(base, jump_logit=sure)
+    base = dataclasses.replace(base, jump_logit=sure, drop_logit=torch.full((4,), -50.0))
     never_tail = dataclasses.replace(params, log_pi=torch.full((4,), -1e9))
     loc, scale = torch.zeros(64, 4), torch.full((64, 4), 1e-6)
     y = model.emitter.sample(loc, scale, never_tail, base, hosts, torch.Generator().manual_seed(0))
@@ -269,11 +277,14 @@ def _dense_emission_sample(loc, scale, params, base, hosts, gen):
     """The emission's draw with one uniform per entry and per host (what Emitter.sample
     draws sparsely): the reference its distribution is checked against."""
     host_u = torch.rand((loc.shape[0], hosts.first.numel()), generator=gen)
-    jumps = (host_u < torch.sigmoid(base.jump_logit[hosts.first]))[:, hosts.groups]
+    _, jump, drop = base.host_log_probs(hosts.first).exp()  # (the calm state: the rest)
+    jumps = (host_u < jump)[:, hosts.groups]
+    drops = ((host_u >= jump) & (host_u < jump + drop))[:, hosts.groups]
     is_tail = torch.rand(loc.shape, generator=gen).log_() < params.log_pi
     noise = torch.randn(loc.shape, generator=gen)
     widen = torch.where(is_tail, params.widen, 1.0)
-    return loc + is_tail * params.shift + jumps * params.jump + noise * scale * widen
+    moves = jumps * params.jump - drops * base.drop
+    return loc + is_tail * params.shift + moves + noise * scale * widen
 
 
 def test_emission_draws_match_a_draw_of_every_entry_by_moments_and_quantiles():
@@ -281,7 +292,12 @@ def test_emission_draws_match_a_draw_of_every_entry_by_moments_and_quantiles():
     model, params, hosts, base = _emission_parts(groups)
     # frequent tails and jumps, so that 200,000 draws per worker pin their shares down
     params = dataclasses.replace(params, log_pi=torch.tensor([-1.5, -2.5, -4.0, -2.0]))
-    base = dataclasses.replace(base, jump_logit=torch.tensor([-2.0, -3.0, -2.0, -3.0]))
+    base = dataclasses.replace(
+        base,
+        jump_logit=torch.tensor([-2.0, -3.0, -2.0, -3.0]),
+        drop_logit=torch.tensor([-2.5, -1.5, -2.5, -1.5]),  # as likely as the jumps, or more
+        drop=torch.tensor([0.8, 1.2, 0.6, 1.0]),
+    )
     loc = torch.tensor([0.0, 0.5, -0.5, 1.0]).expand(200_000, 4).contiguous()
     scale = torch.tensor([0.3, 0.5, 0.2, 0.4]).expand(200_000, 4).contiguous()
     got = model.emitter.sample(loc, scale, params, base, hosts, torch.Generator().manual_seed(0))
