@@ -34,9 +34,11 @@ from bdsgd.stages.safe_load import load_plain, save_atomic
 FORMAT = "bdsgd-runtime-model"
 VERSION = 6
 READS = (4, 5, 6)
+WITHOUT_DROPS = 5  # the version a model without host drops is written as (a bdsgd before reads it)
 """The versions this bdsgd reads: 5 is 6 without a host's drop (its ``model_config`` has no
-``recovery``), 4 is 5 without the run-position features (no ``num_features``); a bdsgd that
-reads only older ones says it cannot read a newer one."""
+``recovery``; a model without drops is still written as 5), 4 is 5 without the run-position
+features (no ``num_features``); a bdsgd that reads only older ones says it cannot read a newer
+one."""
 NO_RECALIBRATION = (0.0, 0.0, 1.0, 1.0)  # common: shift, sd, widen, tighten
 REQUIRED_KEYS = frozenset({"format", "version", "model_config", "state_dict", "norm"})
 """What every checkpoint bdsgd has written holds, whatever its version."""
@@ -115,10 +117,13 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         raise CheckpointError(
             f"the fit diverged, nothing written ({first_line(exc)}): try a smaller --lr"
         ) from None
+    config = ckpt.model.cfg.to_dict()
+    if not config["recovery"]:  # a model without drops is written as before them: version 5
+        del config["recovery"]
     payload = {
         "format": FORMAT,
-        "version": VERSION,
-        "model_config": ckpt.model.cfg.to_dict(),
+        "version": VERSION if ckpt.model.cfg.recovery else WITHOUT_DROPS,
+        "model_config": config,
         "state_dict": {k: v.detach().clone() for k, v in ckpt.model.state_dict().items()},
         "norm": norm_dict(ckpt.norm),
         "worker_ids": list(ckpt.vocab.worker_ids),

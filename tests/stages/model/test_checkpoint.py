@@ -13,6 +13,7 @@ import torch
 from bdsgd.stages.errors import CheckpointError
 from bdsgd.stages.model.checkpoint import (
     VERSION,
+    WITHOUT_DROPS,
     Checkpoint,
     Vocab,
     check_writable,
@@ -49,7 +50,7 @@ def test_round_trip_gives_the_same_predictions(tmp_path):
 def test_file_is_plain_data_for_weights_only_load(tmp_path):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "bdsgd-runtime-model" and payload["version"] == VERSION
+    assert payload["format"] == "bdsgd-runtime-model" and payload["version"] == WITHOUT_DROPS
     assert payload["model_config"]["num_workers"] == 4
     assert all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values())
 
@@ -259,7 +260,7 @@ def test_a_checkpoint_from_before_the_position_features_loads_and_predicts(tmp_p
     old = dataclasses.replace(_checkpoint(), model=RuntimeModel(old_cfg))
     path = save_checkpoint(tmp_path / "m.pt", old)
     payload = torch.load(path, weights_only=True)
-    del payload["model_config"]["num_features"], payload["model_config"]["recovery"]
+    del payload["model_config"]["num_features"]
     torch.save({**payload, "version": 4}, path)
     loaded = load_checkpoint(path)
     assert loaded.model.cfg.num_features == 8 == _checkpoint().model.cfg.num_features - 4
@@ -290,15 +291,14 @@ def test_a_model_grown_from_one_without_the_position_predicts_as_it_did(tmp_path
 
 
 def test_a_checkpoint_from_before_the_drop_loads_without_it_and_predicts_as_written(tmp_path):
-    """A version 5 file (its model_config has no recovery) has no drop: it loads as such, and
-    its predictor draws what the model it was written from draws."""
+    """A model without drops is written as before them (version 5, no recovery in its
+    model_config): it loads as such, and its predictor draws what the model written draws."""
     torch.manual_seed(0)
     cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, recovery=False)
     old = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
     path = save_checkpoint(tmp_path / "m.pt", old)
     payload = torch.load(path, weights_only=True)
-    del payload["model_config"]["recovery"]
-    torch.save({**payload, "version": 5}, path)
+    assert payload["version"] == 5 and "recovery" not in payload["model_config"]  # as written
     loaded = load_checkpoint(path)
     assert loaded.model.cfg.recovery is False and not hasattr(loaded.model.head, "recovery")
     predictors = [predictor_from(c, seed=3) for c in (loaded, old)]
@@ -306,10 +306,13 @@ def test_a_checkpoint_from_before_the_drop_loads_without_it_and_predicts_as_writ
         predictor.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
     assert predictors[0].base.drop is None
     torch.testing.assert_close(predictors[0].sample(8), predictors[1].sample(8))
-    # a model with the drop keeps it, and a recovery flag that is not a bool is refused
+    # one with drops is written as version 6
     cfg = dataclasses.replace(cfg, recovery=True)
     dropping = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
-    assert load_checkpoint(save_checkpoint(tmp_path / "n.pt", dropping)).model.cfg.recovery
+    written = torch.load(save_checkpoint(tmp_path / "n.pt", dropping), weights_only=True)
+    assert written["version"] == VERSION == 6 and written["model_config"]["recovery"] is True
+    assert load_checkpoint(tmp_path / "n.pt").model.cfg.recovery
+    # a recovery flag that is not a bool is refused
     payload["model_config"]["recovery"] = 1
     torch.save({**payload, "version": 6}, path)
     with pytest.raises(CheckpointError, match="recovery 1 is not true or false"):
