@@ -167,6 +167,10 @@ def run_fit(config: FitConfig) -> FitResult:
     began = time.perf_counter()
     check_output(config.checkpoint, config.traces)
     prior = load_checkpoint(config.init) if config.init is not None else None
+    if prior is not None and config.host_drops and not prior.model.cfg.recovery:
+        raise ConfigError(
+            f"{config.init}: fitted without host drops; fit without --init to model them"
+        )
     runs = _load_runs(config.traces, config.skip_bad_files)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -345,10 +349,6 @@ def _setup_model(
             recovery=config.host_drops,
         )
         return RuntimeModel(cfg), Normaliser.fit(train_runs, anchored=True), vocab
-    if config.host_drops and not prior.model.cfg.recovery:
-        raise ConfigError(
-            f"{config.init}: fitted without host drops; fit without --init to model them"
-        )
     cfg = ModelConfig(
         **{
             **prior.model.cfg.to_dict(),

@@ -284,7 +284,8 @@ class Arrivals:
         self.scale = scale[:particles].float().numpy()
         for name, value in pred.worker_constants().items():  # the same every iteration
             setattr(self, name, value)
-        self.log_states = host_log_probs(pred.base, pred.host_index.first)  # (K, G)
+        log_states = pred.base.host_log_probs(pred.host_index.first, torch.float64)
+        self.log_states = log_states.numpy()  # (K, G): calm, jumped, with recovery dropped
         self.num_states, self.num_hosts = self.log_states.shape
         self.rng = pred.rng
         self.added: np.ndarray | None = None  # the arrivals already summed into seen_arrived
@@ -413,16 +414,6 @@ class Arrivals:
         weight = np.cumsum(np.exp(joint - joint.max()))
         pick = np.searchsorted(weight, self.rng.random(self.num_samples) * weight[-1])
         return np.minimum(pick, weight.size - 1)
-
-
-def host_log_probs(base, first: torch.Tensor) -> np.ndarray:
-    """(K, G) float64 log probabilities of each host's states for :class:`Arrivals`, as
-    ``EmissionBase.host_log_probs`` gives them (calm, jumped and with recovery dropped)."""
-    jump = base.jump_logit[first].double().numpy()
-    if base.drop_logit is None:
-        return np.stack([-np.logaddexp(0, jump), -np.logaddexp(0, -jump)])
-    logits = np.stack([np.zeros_like(jump), jump, base.drop_logit[first].double().numpy()])
-    return logits - logaddexp(logaddexp(logits[0], logits[1]), logits[2])
 
 
 def summed_states(terms: np.ndarray) -> np.ndarray:

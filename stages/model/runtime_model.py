@@ -27,8 +27,8 @@ slowed down); it is summed out exactly per host in the likelihood, and drawn per
 sampling. A fit with ``--host-drops`` adds the way out of a slow spell: a host can also drop by
 R as a whole, with a chance and a size read off its history (its EWMAs above the run's anchor),
 where without it only the wide tail component could stand for a recovery, for every worker
-(docs/benchmarks.md, "Host drops"). Sharing ``z_t``, the host jumps and host features make the workers' run-times jointly
-dependent. The emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the
+(docs/benchmarks.md, "Host drops"). Sharing ``z_t``, the host jumps and host features make the
+workers' run-times jointly dependent. The emission is linear in ``phi(z)`` and nonlinear in the embeddings, so the
 per-worker MLP runs once per worker set and sampling is one matmul. The history features give
 every worker the ``ewma`` baseline as a starting point (``loc = e``, ``scale = sd`` when the
 learned terms are zero); the exponent ``b_w`` lets the model discount the EWMA spread (inflated
@@ -210,6 +210,7 @@ class WorkerHead(nn.Module):
         )
         nn.init.normal_(self.mlp[2].weight, std=0.01)
         nn.init.zeros_(self.mlp[2].bias)
+        self.recovery = None  # with cfg.recovery: the drop's terms (Emitter.recovery)
         if cfg.recovery:  # zero at initialisation: a drop has probability ~ 0.007, size 1
             self.recovery = nn.Linear(cfg.emb_dim, 2 + 2 * cfg.num_features)
             nn.init.zeros_(self.recovery.weight)
@@ -243,7 +244,7 @@ class WorkerHead(nn.Module):
             jump_bias=tail[..., 5] - 5.0,
             jump_w=j,
             emb=emb,
-            recovery=self.recovery(emb) if hasattr(self, "recovery") else None,
+            recovery=None if self.recovery is None else self.recovery(emb),
         )
 
 
@@ -262,13 +263,13 @@ class EmissionBase:
     drop: torch.Tensor | None = None
     """With recovery: each worker's drop R when its host drops (> 0)."""
 
-    def host_log_probs(self, first: torch.Tensor) -> torch.Tensor:
+    def host_log_probs(self, first: torch.Tensor, dtype: torch.dtype | None = None):
         """(K, ..., G) log probabilities of each host's states: calm, jumped and, with recovery,
-        dropped (a softmax of 0 and the logits); K = 2 without."""
-        jump = self.jump_logit[..., first]
+        dropped (a softmax of 0 and the logits); K = 2 without. ``dtype``: computed in it."""
+        jump = self.jump_logit[..., first].to(dtype)
         if self.drop_logit is None:
             return torch.stack([F.logsigmoid(-jump), F.logsigmoid(jump)])
-        logits = torch.stack([torch.zeros_like(jump), jump, self.drop_logit[..., first]])
+        logits = torch.stack([torch.zeros_like(jump), jump, self.drop_logit[..., first].to(dtype)])
         return torch.log_softmax(logits, 0)
 
 
@@ -411,16 +412,11 @@ class Emitter(nn.Module):
         at = rows[tail], cols[tail]
         widen = _np(params.widen)[at[1]]
         out[at] = out[at] * widen + _np(params.shift)[at[1]] - _np(loc)[at] * (widen - 1)
-        hosts_at, host_rows, num_hosts = cols[~tail] - n, rows[~tail], hosts.first.numel()
-        up = hosts_at < num_hosts
-        workers, pair = hosts.workers_of(hosts_at[up])
-        out[host_rows[up][pair], workers] += _np(params.jump)[workers]
-        if base.drop is not None and not up.all():
-            drop_rows, drop_hosts = host_rows[~up], hosts_at[~up] - num_hosts
-            jumped = host_rows[up] * num_hosts + hosts_at[up]
-            keep = ~np.isin(drop_rows * num_hosts + drop_hosts, jumped)  # jumped or dropped
-            workers, pair = hosts.workers_of(drop_hosts[keep])
-            out[drop_rows[keep][pair], workers] -= _np(base.drop)[workers]
+        host_rows, host_cols = rows[~tail], cols[~tail] - n
+        if base.drop is not None:  # the drops' cells follow the jumps' (columns >= G)
+            host_rows, host_cols = apply_drops(out, host_rows, host_cols, base.drop, hosts)
+        workers, pair = hosts.workers_of(host_cols)
+        out[host_rows[pair], workers] += _np(params.jump)[workers]
         return y
 
     @staticmethod
@@ -434,6 +430,19 @@ class Emitter(nn.Module):
         _, jump, drop = base.host_log_probs(hosts.first).exp()
         p = torch.cat([params.log_pi.exp(), jump, (drop / (1.0 - jump)).clamp(max=1.0)])
         return _np(p)
+
+
+def apply_drops(out, rows, cols, drop, hosts: HostIndex) -> tuple[np.ndarray, np.ndarray]:
+    """Move the workers of every (row, host) cell drawn at the drop's rate (``cols`` >= G) by
+    -R, except where the same host jumped in that row (its jump's cells, ``cols`` < G; the drop
+    was drawn given no jump); those jump cells are returned."""
+    num_hosts = hosts.first.numel()
+    up = cols < num_hosts
+    drop_rows, drop_hosts = rows[~up], cols[~up] - num_hosts
+    keep = ~np.isin(drop_rows * num_hosts + drop_hosts, rows[up] * num_hosts + cols[up])
+    workers, pair = hosts.workers_of(drop_hosts[keep])
+    out[drop_rows[keep][pair], workers] -= _np(drop)[workers]
+    return rows[up], cols[up]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -300,7 +300,7 @@ def test_a_checkpoint_from_before_the_drop_loads_without_it_and_predicts_as_writ
     payload = torch.load(path, weights_only=True)
     assert payload["version"] == 5 and "recovery" not in payload["model_config"]  # as written
     loaded = load_checkpoint(path)
-    assert loaded.model.cfg.recovery is False and not hasattr(loaded.model.head, "recovery")
+    assert loaded.model.cfg.recovery is False and loaded.model.head.recovery is None
     predictors = [predictor_from(c, seed=3) for c in (loaded, old)]
     for predictor in predictors:
         predictor.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
