@@ -81,6 +81,7 @@ class Regrouping:
             resume = state.begun + 1
         announcer.members = []  # force a new generation even if nobody died (failure without death)
         engine.new_generation(resume)
+        engine.steps.regrouped(resume)  # (a step before it that is not published never will be)
         if not live_arrivals and resume < engine.cfg.iterations:
             # announced now (or the stop): survivors that finished the block wait for it
             if engine.stop_pending:

@@ -25,18 +25,23 @@ class StepLog:
         self.pending_evals: dict[int, int] = {}  # iteration -> its index in the log
         self.lrs: dict[int, float | None] = {}  # steps read before their log row
         self.pending_lrs: dict[int, int] = {}  # iteration -> its log row, awaiting its step
+        self.resumed_at = 0  # read live: the last regrouping's resume; a step before it may be lost
 
     def took(self, t: int, step: P.Step) -> None:
         """Step t, read with its reports (a fixed c's): kept for :meth:`read_through`."""
         self.read[t] = step._replace(reports=[])
         self.take_lr(t, step.lr)
 
-    def read_through(self, t: int, online: bool) -> None:
+    def read_through(self, t: int, online: bool, final: bool = False) -> None:
         """Feed the noise-scale estimate the statistics of the steps before t, in order (those
         :meth:`took` without a second read; ``online``: read from the store now), and the log
-        the held-out losses and learning rates they carry. The latest all-reduce (t - 1) may
-        still run: it counts at the next call; an earlier one with none published had no update
-        (a failure) and is skipped."""
+        the held-out losses and learning rates they carry. A step not there yet is read at a
+        later call, and the ones after it wait for it: the latest all-reduce (t - 1) may still
+        run, and read live, so may an earlier one (a loaded machine's lowest replica publishes
+        late, yet the fast ones are iterations ahead). A step is skipped as failed (it had no
+        update) only where none will come: a fixed c's before t - 1 (read with its reports),
+        one read live before a regrouping's resume (:meth:`regrouped`), and any at the end
+        (``final``: after the bounded wait)."""
         k = self.next
         while k < t:
             step = self.read.pop(k, None)
@@ -44,7 +49,7 @@ class StepLog:
                 step = P.decode_step(self.c10d.get(P.step_key(k)), slots=False)
                 self.c10d.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
                 self.take_lr(k, step.lr)
-            if step is None and k == t - 1:
+            if step is None and not (final or self.lost(k, t, online)):
                 break
             if step is not None and step.stats is not None:  # (None: it applied nothing)
                 n, sq, mean_sq, samples = step.stats
@@ -52,6 +57,15 @@ class StepLog:
             self.settle_evals(k, step.evaluated if step is not None else None)
             k += 1
         self.next = k
+
+    def lost(self, k: int, t: int, online: bool) -> bool:
+        """Whether step k, not there at iteration t, never will be (see :meth:`read_through`)."""
+        return k < self.resumed_at if online else k < t - 1
+
+    def regrouped(self, resume: int) -> None:
+        """A regrouping resumed at ``resume``: an all-reduce before it that published no step
+        failed (the survivors publish what they ran before they join the new generation)."""
+        self.resumed_at = max(self.resumed_at, resume)
 
     def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
         """Step k is read (or failed): it carried the held-out loss of the due iteration
@@ -96,7 +110,7 @@ class StepLog:
         if online:
             for k in range(self.next, next_iteration):
                 P.wait_key(self.c10d, P.step_key(k), max(deadline - time.monotonic(), 0.0))
-        self.read_through(next_iteration, online)
+        self.read_through(next_iteration, online, final=True)
         for t, index in list(self.pending_evals.items()):
             if P.wait_key(self.c10d, P.eval_key(t), max(deadline - time.monotonic(), 0.0)):
                 self.log.rows["eval_loss"][index] = float(self.c10d.get(P.eval_key(t)).decode())

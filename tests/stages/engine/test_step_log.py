@@ -38,3 +38,41 @@ def test_a_step_that_never_comes_leaves_its_row_empty_after_the_bounded_wait():
     steps.pending_lrs[0] = 0
     steps.collect_evals(1, online=True, wait_s=0.2)
     assert log.rows["lr"] == [None]
+
+
+def rows_of(steps: StepLog, log, iterations: range) -> None:
+    for t in iterations:
+        lr = steps.lr_of(t)
+        log.rows["iteration"].append(t)
+        log.rows["lr"].append(lr)
+
+
+def test_a_step_read_live_that_is_late_by_two_iterations_is_waited_for_not_skipped():
+    """A loaded machine: the lowest replica publishes step 0 only after the fast replicas
+    reported iteration 1 (the coordinator begins iteration 2). Step 0 is read when it comes,
+    step 1 after it, and both rows get their rates (a skip took 0 for failed and dropped it)."""
+    store = dist.HashStore()
+    log = types.SimpleNamespace(rows={"iteration": [], "lr": [], "eval_loss": []})
+    steps = StepLog(store, log, noise=None, batch_size=8)
+    rows_of(steps, log, range(2))
+    store.set(P.step_key(1), P.encode_step((), b"", lr=0.125))
+    steps.read_through(2, online=True)
+    assert steps.next == 0 and log.rows["lr"] == [None, None]  # step 0 not there: none read
+    store.set(P.step_key(0), P.encode_step((), b"", lr=0.25))
+    rows_of(steps, log, range(2, 3))
+    steps.read_through(3, online=True)
+    assert steps.next == 2 and log.rows["lr"] == [0.25, 0.125, None]
+
+
+def test_a_step_read_live_before_a_regroupings_resume_is_skipped_as_failed():
+    store = dist.HashStore()
+    log = types.SimpleNamespace(rows={"iteration": [], "lr": [], "eval_loss": []})
+    steps = StepLog(store, log, noise=None, batch_size=8)
+    rows_of(steps, log, range(3))
+    store.set(P.step_key(0), P.encode_step((), b"", lr=0.25))
+    store.set(P.step_key(2), P.encode_step((), b"", lr=0.5))
+    steps.read_through(3, online=True)
+    assert steps.next == 1  # step 1 may yet come
+    steps.regrouped(2)  # its all-reduce failed; the new group resumed at 2
+    steps.read_through(3, online=True)
+    assert steps.next == 3 and log.rows["lr"] == [0.25, None, 0.5]
