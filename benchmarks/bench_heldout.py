@@ -182,13 +182,17 @@ def cluster_runs(name: str, iterations: int, workers: int) -> tuple[list, int]:
     return [CLUSTERS[name](iterations, workers)], 0
 
 
-def fit_cluster(name: str, runs: list, steps: int, root: Path) -> tuple[list[RunMatrix], dict]:
-    """Write the runs to a store under ``root`` and fit on each run's first 80%; the fit's
-    figures. A checkpoint already in ``root`` (same cluster) is reused with the figures saved
-    beside it, not fitted again (re-replaying after a policy change costs no fit)."""
+def fit_cluster(
+    name: str, runs: list, steps: int, root: Path, host_drops: bool = False
+) -> tuple[list[RunMatrix], dict]:
+    """Write the runs to a store under ``root`` and fit on each run's first 80% (with
+    ``host_drops``: ``bdsgd fit --host-drops``); the fit's figures. A checkpoint already in
+    ``root`` (same cluster, same ``host_drops``) is reused with the figures saved beside it, not
+    fitted again (re-replaying after a policy change costs no fit)."""
     traces, checkpoint, saved = root / name, root / f"{name}.pt", root / f"{name}.fit.json"
-    if traces.exists() and checkpoint.exists() and saved.exists():
-        fit, matrices = json.loads(saved.read_text()), TraceStore(traces).run_matrices()
+    fit = json.loads(saved.read_text()) if saved.exists() else {}
+    if traces.exists() and checkpoint.exists() and fit.get("host_drops", False) == host_drops:
+        matrices = TraceStore(traces).run_matrices()
         if fit.get("recalibrated_on") != RECALIBRATED_ON:  # fitted before fit did: do it now
             fit.update(recalibrated(checkpoint, matrices))
             saved.write_text(json.dumps(fit))
@@ -196,9 +200,11 @@ def fit_cluster(name: str, runs: list, steps: int, root: Path) -> tuple[list[Run
     shutil.rmtree(traces, ignore_errors=True)
     written = [write_store(traces, x, h, f"heldout-{i:03d}") for i, (x, h) in enumerate(runs)]
     began = time.perf_counter()
-    config = FitConfig(traces=traces, checkpoint=checkpoint, steps=steps, progress=False)
+    config = FitConfig(
+        traces=traces, checkpoint=checkpoint, steps=steps, progress=False, host_drops=host_drops
+    )
     fit = {**run_fit(config).to_json(), "fit_s": time.perf_counter() - began}
-    fit["recalibrated_on"] = RECALIBRATED_ON
+    fit["recalibrated_on"], fit["host_drops"] = RECALIBRATED_ON, host_drops
     saved.write_text(json.dumps(fit))
     return written, fit
 
@@ -216,12 +222,14 @@ def recalibrated(checkpoint: Path, runs: list[RunMatrix]) -> dict:
             "common_slowdown": list(ckpt.common), "recalibrated_on": RECALIBRATED_ON}  # fmt: skip
 
 
-def evaluate(name: str, iterations: int, workers: int, steps: int, root: Path) -> dict:
-    """Fit on the head, replay every run's tail; oracle_ratio per policy (sums of gradients and
-    seconds over all runs' tails) and the fit's figures."""
+def evaluate(
+    name: str, iterations: int, workers: int, steps: int, root: Path, host_drops: bool = False
+) -> dict:
+    """Fit on the head (``host_drops``: with them), replay every run's tail; oracle_ratio per
+    policy (sums of gradients and seconds over all runs' tails) and the fit's figures."""
     runs, own_steps = cluster_runs(name, iterations, workers)
     workers = runs[0][0].shape[1]
-    matrices, fit = fit_cluster(name, runs, own_steps or steps, root)
+    matrices, fit = fit_cluster(name, runs, own_steps or steps, root, host_drops)
     step = max(2, workers // 32)
     statics = [f"static:{c}" for c in range(workers // 2, workers + 1, step)]
     config = SimulateConfig(
@@ -290,15 +298,15 @@ LEVELS: dict[str, Levels] = {
 }
 
 
-def evaluate_levels(name: str, root: Path) -> dict:
+def evaluate_levels(name: str, root: Path, host_drops: bool = False) -> dict:
     """Fit the four fitted levels (once for every cluster of ``LEVELS`` with the same seed and
-    steps), replay the unseen run through every policy; the row as :func:`evaluate` gives it,
-    with the NLL and calibration measured on the replayed run."""
+    steps; ``host_drops``: with them), replay the unseen run through every policy; the row as
+    :func:`evaluate` gives it, with the NLL and calibration measured on the replayed run."""
     spec = LEVELS[name]
     fitted_levels = clusters.LEVELS_FITTED
     runs = clusters.level_runs(spec.seed, (*fitted_levels, *[spec.level] * spec.replays))
     fitted = f"levels-{spec.seed}-{spec.steps}"
-    _, fit = fit_cluster(fitted, runs[: len(fitted_levels)], spec.steps, root)
+    _, fit = fit_cluster(fitted, runs[: len(fitted_levels)], spec.steps, root, host_drops)
     shutil.rmtree(root / name, ignore_errors=True)
     replayed = [
         write_store(root / name, *run, run_id=f"{name}-{i:02d}")
@@ -390,21 +398,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False) -> str:
+def run(quick: bool = False, host_drops: bool = False) -> str:
+    """The table; ``host_drops``: every cluster fitted with ``bdsgd fit --host-drops``."""
     iterations, workers, steps = (600, 16, 150) if quick else (2000, 32, FitConfig.steps)
     names = ["syn0", "arrack"] if quick else [*CLUSTERS, *UNLIKE]
     with tempfile.TemporaryDirectory(prefix="bdsgd-heldout-") as tmp:
-        rows = [evaluate(n, iterations, workers, steps, Path(tmp)) for n in names]
-        rows += [evaluate_levels(n, Path(tmp)) for n in LEVELS]
+        rows = [evaluate(n, iterations, workers, steps, Path(tmp), host_drops) for n in names]
+        rows += [evaluate_levels(n, Path(tmp), host_drops) for n in LEVELS]
     return "\n".join(
         [
             "## Held-out replay (`bdsgd fit` on the first 80%, `bdsgd simulate --from-frac 0.8`)",
             "",
             f"Ours: {iterations} iterations x {workers} workers per cluster, fit with {steps} "
-            "steps; the unlike clusters at their own sizes and steps (`UNLIKE`). oracle_ratio "
+            "steps; the unlike clusters at their own sizes and steps (`UNLIKE`)"
+            f"{', every fit with `--host-drops`' if host_drops else ''}. oracle_ratio "
             "of each policy on the held-out 20% (see `benchmarks/bench_heldout.py` and "
             '`docs/stragglers.md` for the clusters). Reproduce: `.venv/bin/python -c "from '
-            f'benchmarks.bench_heldout import run; print(run(quick={quick}))"`.',
+            f"benchmarks.bench_heldout import run; print(run(quick={quick}, "
+            f'host_drops={host_drops}))"`.',
             "",
             table(rows),
             "",

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+from bdsgd.stages.model.checkpoint import load_checkpoint
 from bdsgd.stages.store import TraceStore
 
-from benchmarks.bench_heldout import CLUSTERS, ar_rack_cluster, throttle_cluster, write_store
+from benchmarks.bench_heldout import (
+    CLUSTERS,
+    ar_rack_cluster,
+    fit_cluster,
+    throttle_cluster,
+    write_store,
+)
 
 
 def test_ar_rack_cluster_is_reproducible_positive_and_host_correlated():
@@ -39,3 +46,18 @@ def test_throttle_cluster_slows_hosts_down_gradually():
     # host levels move a lot over the run but little from one iteration to the next
     assert (level.max(axis=0) - level.min(axis=0)).max() > 0.8
     assert np.median(steps) < 0.2
+
+
+def test_a_cached_fit_is_reused_only_with_the_same_host_drops(tmp_path):
+    """``fit_cluster`` reuses a checkpoint it fitted (no second fit), but fits again when the
+    cached one was fitted with or without host drops and the other is asked for."""
+    runs = [CLUSTERS["syn0"](120, 8)]
+    _, plain = fit_cluster("syn0", runs, 4, tmp_path)
+    checkpoint = tmp_path / "syn0.pt"
+    written = checkpoint.stat().st_mtime_ns
+    _, again = fit_cluster("syn0", runs, 4, tmp_path)
+    assert again == plain and checkpoint.stat().st_mtime_ns == written
+    assert not load_checkpoint(checkpoint).model.cfg.recovery
+    _, drops = fit_cluster("syn0", runs, 4, tmp_path, host_drops=True)
+    assert drops["host_drops"] and not plain["host_drops"]
+    assert load_checkpoint(checkpoint).model.cfg.recovery
