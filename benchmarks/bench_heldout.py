@@ -124,12 +124,12 @@ def synthetic(seed: int, **kwargs) -> Callable[[int, int], tuple[np.ndarray, lis
     return make
 
 
-CLUSTERS: dict[str, Callable[[int, int], tuple[np.ndarray, list[str]]]] = {
-    "syn0": synthetic(0),
-    "syn1": synthetic(1),
-    "syn2": synthetic(2),
-    "harsh": synthetic(
-        3,
+SYNTHETIC: dict[str, dict] = {
+    "syn0": dict(seed=0),
+    "syn1": dict(seed=1),
+    "syn2": dict(seed=2),
+    "harsh": dict(
+        seed=3,
         hosts=8,
         slow_factor=4.0,
         p_slow=0.02,
@@ -138,6 +138,11 @@ CLUSTERS: dict[str, Callable[[int, int], tuple[np.ndarray, list[str]]]] = {
         drift=0.5,
         drift_period=300,
     ),
+}
+"""The clusters of :data:`CLUSTERS` drawn by :class:`SyntheticCluster`: its settings."""
+
+CLUSTERS: dict[str, Callable[[int, int], tuple[np.ndarray, list[str]]]] = {
+    **{name: synthetic(**settings) for name, settings in SYNTHETIC.items()},
     "arrack": lambda t, n: ar_rack_cluster(0, t, n),
     "throttle": lambda t, n: throttle_cluster(5, t, n),
 }
