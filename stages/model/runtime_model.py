@@ -397,52 +397,55 @@ class Emitter(nn.Module):
         pi. Both are rare, so every entry is first drawn from the bulk (``gen``), and the tails
         and the jumps are drawn (numpy ``rng``, default: seeded from ``gen``) and applied only
         where they occur (:func:`rare_cells`): a tail entry becomes loc + d + k (y - loc), a
-        jumped host's workers move by J; with recovery a host not jumped drops with probability
-        P(drop) / (1 - P(jump)) (so P(drop) in all), its workers by -R. ``p`` (N + G or
-        N + 2G,): the workers' pi then the hosts' jump and drop probabilities, if the caller has
-        them (:meth:`rare_probabilities`)."""
+        jumped host's workers move by J; with recovery a host moves with probability
+        P(jump) + P(drop), and a move is a jump with probability P(jump) / (P(jump) + P(drop)),
+        else a drop of its workers by -R (:func:`split_moves`). ``p`` (N + G, or N + 2G with
+        recovery): the workers' pi, the hosts' jump (or move) probabilities and the jumps'
+        shares of the moves, if the caller has them (:meth:`rare_probabilities`)."""
         y = torch.randn(loc.shape, generator=gen).mul_(scale).add_(loc)
         if rng is None:
             rng = np.random.default_rng(int(torch.randint(2**62, (), generator=gen)))
         n = y.shape[1]  # one grid for both: columns < n are the workers' tails, then the hosts
         if p is None:
             p = Emitter.rare_probabilities(params, base, hosts)
-        rows, cols = rare_cells(y.shape[0], p, rng)
+        moves = n + hosts.first.numel()  # (with recovery the jumps' shares follow)
+        rows, cols = rare_cells(y.shape[0], p[:moves], rng)
         out, tail = y.numpy(), cols < n
         at = rows[tail], cols[tail]
         widen = _np(params.widen)[at[1]]
         out[at] = out[at] * widen + _np(params.shift)[at[1]] - _np(loc)[at] * (widen - 1)
         host_rows, host_cols = rows[~tail], cols[~tail] - n
-        if base.drop is not None:  # the drops' cells follow the jumps' (columns >= G)
-            host_rows, host_cols = apply_drops(out, host_rows, host_cols, base.drop, hosts)
+        if base.drop is not None:
+            host_rows, host_cols = split_moves(out, host_rows, host_cols, p[moves:], base.drop,
+                                               hosts, rng)  # fmt: skip
         workers, pair = hosts.workers_of(host_cols)
         out[host_rows[pair], workers] += _np(params.jump)[workers]
         return y
 
     @staticmethod
     def rare_probabilities(params: WorkerParams, base: EmissionBase, hosts: HostIndex):
-        """(N + G,) float32 numpy: each worker's tail probability pi, then each host's jump
-        probability, then with recovery each host's drop probability given no jump, the
-        Bernoulli rates :meth:`sample` draws its rare cells at."""
+        """float32 numpy: each worker's tail probability pi, then each host's jump probability,
+        the Bernoulli rates :meth:`sample` draws its rare cells at (N + G,); with recovery each
+        host's move probability P(jump) + P(drop) instead, then the share of the jumps in its
+        moves (N + 2G,)."""
         if base.drop_logit is None:
             p = torch.cat([params.log_pi.exp(), torch.sigmoid(base.jump_logit[hosts.first])])
             return _np(p)
         _, jump, drop = base.host_log_probs(hosts.first).exp()
-        p = torch.cat([params.log_pi.exp(), jump, (drop / (1.0 - jump)).clamp(max=1.0)])
-        return _np(p)
+        move = jump + drop
+        share = torch.where(move > 0, jump / move.clamp(min=1e-30), torch.ones_like(move))
+        return _np(torch.cat([params.log_pi.exp(), move.clamp(max=1.0), share]).float())
 
 
-def apply_drops(out, rows, cols, drop, hosts: HostIndex) -> tuple[np.ndarray, np.ndarray]:
-    """Move the workers of every (row, host) cell drawn at the drop's rate (``cols`` >= G) by
-    -R, except where the same host jumped in that row (its jump's cells, ``cols`` < G; the drop
-    was drawn given no jump); those jump cells are returned."""
-    num_hosts = hosts.first.numel()
-    up = cols < num_hosts
-    drop_rows, drop_hosts = rows[~up], cols[~up] - num_hosts
-    keep = ~np.isin(drop_rows * num_hosts + drop_hosts, rows[up] * num_hosts + cols[up])
-    workers, pair = hosts.workers_of(drop_hosts[keep])
-    out[drop_rows[keep][pair], workers] -= _np(drop)[workers]
-    return rows[up], cols[up]
+def split_moves(out, rows, cols, jump_share, drop, hosts: HostIndex, rng) -> tuple:
+    """The hosts' moves (``rows``, ``cols``: (draw, host) cells drawn at P(jump) + P(drop)), each
+    a jump with probability ``jump_share[host]``, else a drop: the dropped hosts' workers move by
+    -R in ``out``; the jumps' cells are returned. A categorical draw of the three states: a
+    cell jumps with P(jump), drops with P(drop)."""
+    dropped = rng.random(cols.size) >= jump_share[cols]
+    workers, pair = hosts.workers_of(cols[dropped])
+    out[rows[dropped][pair], workers] -= _np(drop)[workers]
+    return rows[~dropped], cols[~dropped]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -27,6 +27,7 @@ from bdsgd.stages.model.runtime_model import (
     RuntimeModel,
     censored_normal_log_lik,
     rare_cells,
+    split_moves,
 )
 from bdsgd.stages.store import RunMatrix
 from pyro import poutine
@@ -270,6 +271,26 @@ def test_rare_cells_come_up_with_each_columns_probability(top):
 def test_rare_cells_of_nothing_likely_are_none():
     rows, cols = rare_cells(64, np.zeros(8), np.random.default_rng(0))
     assert rows.size == cols.size == 0
+
+
+def test_with_drops_a_host_moves_at_jump_plus_drop_and_a_move_is_a_jump_by_its_share():
+    """The rates of the hosts' rare cells with drops: P(jump) + P(drop), then P(jump) / (that)
+    for splitting each move; a share of 0 makes every move a drop, of 1 a jump."""
+    groups = torch.tensor([0, 1, 0, 1])
+    model, params, hosts, base = _emission_parts(groups)
+    p = model.emitter.rare_probabilities(params, base, hosts)
+    _, jump, drop = base.host_log_probs(hosts.first).exp().detach()
+    assert p.shape == (4 + 2 * 2,)
+    np.testing.assert_allclose(p[4:6], (jump + drop).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(p[6:], (jump / (jump + drop)).numpy(), rtol=1e-6)
+    out = np.zeros((3, 4), dtype=np.float32)
+    rows, cols = np.array([0, 1, 2]), np.array([0, 1, 0])
+    jumped = split_moves(out, rows, cols, np.array([0.0, 1.0]), base.drop, hosts,
+                         np.random.default_rng(0))  # fmt: skip
+    assert jumped[0].tolist() == [1] and jumped[1].tolist() == [1]  # host 1's move: a jump
+    R = base.drop.detach().numpy()
+    np.testing.assert_allclose(out[[0, 2]][:, [0, 2]], -np.stack([R[[0, 2]]] * 2))  # dropped
+    assert not out[:, [1, 3]].any() and not out[1].any()
 
 
 @torch.no_grad()
