@@ -196,7 +196,12 @@ def fit_cluster(
     fitted again (re-replaying after a policy change costs no fit)."""
     traces, checkpoint, saved = root / name, root / f"{name}.pt", root / f"{name}.fit.json"
     fit = json.loads(saved.read_text()) if saved.exists() else {}
-    if traces.exists() and checkpoint.exists() and fit.get("host_drops", False) == host_drops:
+    if (
+        traces.exists()
+        and checkpoint.exists()
+        and fit
+        and fit.get("host_drops", False) == host_drops
+    ):
         matrices = TraceStore(traces).run_matrices()
         if fit.get("recalibrated_on") != RECALIBRATED_ON:  # fitted before fit did: do it now
             fit.update(recalibrated(checkpoint, matrices))

@@ -81,7 +81,8 @@ class Regrouping:
             resume = state.begun + 1
         announcer.members = []  # force a new generation even if nobody died (failure without death)
         engine.new_generation(resume)
-        engine.steps.regrouped(resume)  # (a step before it that is not published never will be)
+        # a step before the resume that is not published once they all joined never will be
+        engine.steps.regrouped(resume, announcer.generation, len(announcer.members))
         if not live_arrivals and resume < engine.cfg.iterations:
             # announced now (or the stop): survivors that finished the block wait for it
             if engine.stop_pending:

@@ -26,6 +26,7 @@ class StepLog:
         self.lrs: dict[int, float | None] = {}  # steps read before their log row
         self.pending_lrs: dict[int, int] = {}  # iteration -> its log row, awaiting its step
         self.resumed_at = 0  # read live: the last regrouping's resume; a step before it may be lost
+        self.joining: tuple[int, int] | None = None  # its (generation, members) until all joined
 
     def took(self, t: int, step: P.Step) -> None:
         """Step t, read with its reports (a fixed c's): kept for :meth:`read_through`."""
@@ -40,17 +41,17 @@ class StepLog:
         run, and read live, so may an earlier one (a loaded machine's lowest replica publishes
         late, yet the fast ones are iterations ahead). A step is skipped as failed (it had no
         update) only where none will come: a fixed c's before t - 1 (read with its reports),
-        one read live before a regrouping's resume (:meth:`regrouped`), and any at the end
-        (``final``: after the bounded wait)."""
+        one read live before a regrouping's resume once every member of its generation joined
+        (:meth:`regrouped`), and any at the end (``final``: after the bounded wait)."""
         k = self.next
         while k < t:
             step = self.read.pop(k, None)
-            if step is None and online and self.c10d.check([P.step_key(k)]):
-                step = P.decode_step(self.c10d.get(P.step_key(k)), slots=False)
-                self.c10d.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
-                self.take_lr(k, step.lr)
+            if step is None and online:
+                step = self.take_live(k)
             if step is None and not (final or self.lost(k, t, online)):
                 break
+            if step is None and online and not final:  # (published as its member joined)
+                step = self.take_live(k)
             if step is not None and step.stats is not None:  # (None: it applied nothing)
                 n, sq, mean_sq, samples = step.stats
                 self.noise.update(n, self.batch_size, sq, mean_sq, samples)
@@ -58,14 +59,36 @@ class StepLog:
             k += 1
         self.next = k
 
-    def lost(self, k: int, t: int, online: bool) -> bool:
-        """Whether step k, not there at iteration t, never will be (see :meth:`read_through`)."""
-        return k < self.resumed_at if online else k < t - 1
+    def take_live(self, k: int) -> P.Step | None:
+        """Step k from the store if it is there (read live), its learning rate into the log."""
+        if not self.c10d.check([P.step_key(k)]):
+            return None
+        step = P.decode_step(self.c10d.get(P.step_key(k)), slots=False)
+        self.c10d.delete_key(P.step_key(k))  # (online: a fixed c's goes to the janitor)
+        self.take_lr(k, step.lr)
+        return step
 
-    def regrouped(self, resume: int) -> None:
-        """A regrouping resumed at ``resume``: an all-reduce before it that published no step
-        failed (the survivors publish what they ran before they join the new generation)."""
+    def lost(self, k: int, t: int, online: bool) -> bool:
+        """Whether step k, not there at iteration t, never will be (see :meth:`read_through`):
+        read live, one before the last regrouping's resume once every member of its generation
+        has joined it (each publishes its steps before it joins; until then a slow lowest
+        replica's may still come)."""
+        if not online:
+            return k < t - 1
+        if k >= self.resumed_at:
+            return False
+        if self.joining is not None:
+            generation, members = self.joining
+            if self.c10d.add(P.joined_key(generation), 0) < members:
+                return False
+            self.joining = None
+        return True
+
+    def regrouped(self, resume: int, generation: int, members: int) -> None:
+        """A regrouping began ``generation`` of ``members`` replicas at ``resume``: an all-reduce
+        before it that has published no step once they all joined failed."""
         self.resumed_at = max(self.resumed_at, resume)
+        self.joining = (generation, members)
 
     def settle_evals(self, k: int, evaluated: tuple[int, float] | None) -> None:
         """Step k is read (or failed): it carried the held-out loss of the due iteration
@@ -107,8 +130,8 @@ class StepLog:
         first (a loaded machine published the last one after the end and left its row's
         learning rate empty); a step that never comes (a failed all-reduce) costs the wait."""
         deadline = time.monotonic() + wait_s
-        if online:
-            for k in range(self.next, next_iteration):
+        if online:  # (one before a regrouping's resume that is not there failed)
+            for k in range(max(self.next, self.resumed_at), next_iteration):
                 P.wait_key(self.c10d, P.step_key(k), max(deadline - time.monotonic(), 0.0))
         self.read_through(next_iteration, online, final=True)
         for t, index in list(self.pending_evals.items()):
