@@ -27,18 +27,20 @@ from pathlib import Path
 import torch
 from bdsgd.schemas.trace_v1 import MAX_WORLD_SIZE
 from bdsgd.stages.errors import CheckpointError, first_line
-from bdsgd.stages.model.data import BASE_FEATURES, Normaliser
+from bdsgd.stages.model.data import BASE_FEATURES, NUM_FEATURES, Normaliser
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
-VERSION = 6
-READS = (4, 5, 6)
-WITHOUT_DROPS = 5  # the version a model without host drops is written as (a bdsgd before reads it)
-"""The versions this bdsgd reads: 5 is 6 without a host's drop (its ``model_config`` has no
-``recovery``; a model without drops is still written as 5), 4 is 5 without the run-position
-features (no ``num_features``); a bdsgd that reads only older ones says it cannot read a newer
-one."""
+VERSION = 7
+READS = (4, 5, 6, 7)
+WITH_DROPS = 6  # the version a model with host drops but not the regime features is written as
+WITHOUT_DROPS = 5  # ... and one without either (a bdsgd before them reads it)
+"""The versions this bdsgd reads: 7 is a model with the host-regime features (``num_features``
+14), with or without drops; 6 is 5 with a host's drop; 5 has neither (its ``model_config`` has
+no ``recovery``); 4 is 5 without the run-position features (no ``num_features``). A fit writes
+the oldest that holds its model (:func:`file_version`: 7 only with ``fit --host-regime``). A
+bdsgd that reads only older ones says it cannot read a newer one."""
 NO_RECALIBRATION = (0.0, 0.0, 1.0, 1.0)  # common: shift, sd, widen, tighten
 REQUIRED_KEYS = frozenset({"format", "version", "model_config", "state_dict", "norm"})
 """What every checkpoint bdsgd has written holds, whatever its version."""
@@ -122,7 +124,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         del config["recovery"]
     payload = {
         "format": FORMAT,
-        "version": VERSION if ckpt.model.cfg.recovery else WITHOUT_DROPS,
+        "version": file_version(ckpt.model.cfg),
         "model_config": config,
         "state_dict": {k: v.detach().clone() for k, v in ckpt.model.state_dict().items()},
         "norm": norm_dict(ckpt.norm),
@@ -282,16 +284,40 @@ def _read_payload(path: Path) -> dict:
     return payload
 
 
+def file_version(cfg: ModelConfig) -> int:
+    """The oldest version that holds a model of ``cfg`` (a bdsgd before it reads the file)."""
+    if cfg.num_features == NUM_FEATURES:
+        return VERSION
+    return WITH_DROPS if cfg.recovery else WITHOUT_DROPS
+
+
 def grown_state_dict(model: RuntimeModel, old: RuntimeModel) -> dict:
     """``old``'s weights for ``model``, whose embedding tables may have more rows: the rows ``old``
-    knows are copied, new ones start as ``old``'s unknown row (0). A model with the run-position
-    features grown from one without starts their weights at 0: it predicts as ``old`` did."""
+    knows are copied, new ones start as ``old``'s unknown row (0). A model with features ``old``
+    had not (the run position, the host regime) starts their weights at 0, shared ones and the
+    drop's alike: it predicts as ``old`` did."""
     state = {k: v.clone() for k, v in old.state_dict().items()}
-    if model.head.num_position and "head.position_w" not in state:
-        state["head.position_w"] = torch.zeros_like(model.head.position_w)
+    if model.head.num_position:
+        grown = torch.zeros_like(model.head.position_w)
+        had = state.get("head.position_w", grown[:, :0])
+        grown[:, : had.shape[1]] = had
+        state["head.position_w"] = grown
+    if model.head.recovery is not None and "head.recovery.weight" in state:
+        _grow_recovery(state, old.cfg.num_features, model.cfg.num_features)
     for name in ("head.worker_emb.weight", "head.host_emb.weight"):
         target = model.state_dict()[name]
         grown = state[name][0].expand_as(target).clone()
         grown[: state[name].shape[0]] = state[name]
         state[name] = grown
     return state
+
+
+def _grow_recovery(state: dict, had: int, has: int) -> None:
+    """The drop's weights ([v, k (F), r, m (F)] rows, :meth:`Emitter.recovery`) from ``had``
+    features to ``has``, the new features' rows at 0."""
+    for name in ("head.recovery.weight", "head.recovery.bias"):
+        old = state[name]
+        new = old.new_zeros((2 + 2 * has, *old.shape[1:]))
+        new[: 1 + had] = old[: 1 + had]
+        new[1 + has : 2 + has + had] = old[1 + had :]
+        state[name] = new

@@ -37,6 +37,14 @@ DeepAR's autoregressive inputs), computed by :class:`HistoryFilter`:
   as at the run's. A fit's windows start anywhere in a run; these features do not depend on the
   window.
 
+- the host's regime (:class:`RegimeFilter`, in models of :data:`NUM_FEATURES`): each host's slow
+  spells filtered as a two-state chain from the host median of its workers' deviations from
+  their calm means; the worker's expected location for the coming iteration (its calm mean
+  plus its host's chance of a slow spell times the host's offset) minus ``e_t``, and that
+  chance. The EWMAs read a host's regime linearly, so a calm host's noise moved every location
+  with it; the filter moves a location by the whole offset when a host switches and hardly
+  with a calm host's noise.
+
 The censoring flags themselves are not features: whether a worker was cut off says as much about
 the policy that chose c as about the worker, and a model that learnt "censored means slow" from
 one policy's traces would talk another policy into waiting for ever fewer workers. The bound
@@ -69,9 +77,15 @@ BASE_FEATURES = 8
 """The history features of checkpoints written before the position features (their
 ``model_config`` has no ``num_features``)."""
 POSITION_FEATURES = 4
-NUM_FEATURES = BASE_FEATURES + POSITION_FEATURES
-FEATURE_SETS = (BASE_FEATURES, NUM_FEATURES)
-"""The numbers of features a model can take: without and with the run position."""
+REGIME_FEATURES = 2
+NUM_FEATURES = BASE_FEATURES + POSITION_FEATURES + REGIME_FEATURES
+DEFAULT_FEATURES = BASE_FEATURES + POSITION_FEATURES  # a fit's, without --host-regime
+FEATURE_SETS = (BASE_FEATURES, DEFAULT_FEATURES, NUM_FEATURES)
+"""The numbers of features a model can take: without the run position, with it, and with the
+host regime's too (:class:`RegimeFilter`)."""
+P_ENTER, P_LEAVE = 0.02, 0.1
+""":class:`RegimeFilter`'s chances that a calm host turns slow, and a slow one calm, in an
+iteration (fixed: what the features tell, the network weighs)."""
 
 
 def check_num_features(num_features) -> int:
@@ -174,12 +188,62 @@ def group_median(values: torch.Tensor, valid: torch.Tensor, table: torch.Tensor)
     return torch.nanmedian(padded[table], dim=-1).values.nan_to_num(0.0)
 
 
+class RegimeFilter:
+    """Each host's slow spells, filtered as a two-state chain: calm, or slow by an offset
+    ``delta`` (normalised units), entering and leaving at :data:`P_ENTER` and :data:`P_LEAVE`.
+    Each iteration it reads the host median of its exactly seen workers' deviations from their
+    calm means (robust to one worker's spike), weighs it under both states (normal, with the
+    host's calm spread ``var`` learnt from the calm iterations) and updates the host's chance
+    of being slow by Bayes. Each worker's calm mean follows its values weighted by the chance
+    its host was calm (an EWMA that a slow spell does not drag up), and a slow host's offset
+    follows its deviations. So the expected location of a worker, its calm mean plus its host's
+    chance of a slow spell times the offset, moves by the whole offset when a host turns slow or
+    recovers, and hardly at all with the noise of a calm host (what a linear read of the host
+    averages of the EWMAs did: docs/benchmarks.md, "The model's draws against the true
+    predictive"). O(N) per iteration."""
+
+    def __init__(self, groups: torch.Tensor, table: torch.Tensor):
+        n, g = groups.numel(), table.shape[0]
+        self.groups, self.table = groups, table
+        self.calm = torch.zeros(n)  # each worker's mean while its host is calm
+        self.p_slow = torch.zeros(g)  # each host's chance of a slow spell, after the last value
+        self.delta = torch.ones(g)  # a slow host's offset from its calm means
+        self.var = torch.full((g,), 0.1)  # the spread of a calm host's median deviation
+
+    def features(self, slow: torch.Tensor, seen: torch.Tensor) -> list[torch.Tensor]:
+        """[expected location - the slow EWMA, the host's chance of a slow spell], both for
+        the coming iteration, per worker (0 before its first value)."""
+        ahead = self.p_slow * (1 - P_LEAVE) + (1 - self.p_slow) * P_ENTER
+        expected = self.calm + (ahead * self.delta)[self.groups]
+        return [(expected - slow) * seen, ahead[self.groups] * seen]
+
+    def update(self, y: torch.Tensor, exact: torch.Tensor, first: torch.Tensor) -> None:
+        """Fold in one iteration: ``exact`` the workers seen exactly (not for the first time:
+        ``first`` starts a worker's calm mean at its value)."""
+        self.calm = torch.where(first, y, self.calm)
+        d = y - self.calm
+        d_host = group_median(d, exact, self.table)
+        has = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, exact.float()) > 0
+        prior = self.p_slow * (1 - P_LEAVE) + (1 - self.p_slow) * P_ENTER
+        log_calm = -0.5 * d_host**2 / self.var
+        log_slow = -0.5 * (d_host - self.delta) ** 2 / self.var
+        odds = torch.exp((log_slow - log_calm).clamp(-60.0, 60.0)) * prior / (1 - prior)
+        self.p_slow = torch.where(has, odds / (1 + odds), prior)
+        calm_host = has & (self.p_slow < 0.5)
+        var = self.var + ALPHA_SLOW * (d_host**2 - self.var)
+        self.var = torch.where(calm_host, var, self.var).clamp(min=0.01)
+        delta = (self.delta + 0.2 * (d_host - self.delta)).clamp(min=0.5)
+        self.delta = torch.where(has & ~calm_host, delta, self.delta)
+        step = torch.where(exact, (1 - self.p_slow)[self.groups] * d, torch.zeros_like(d))
+        self.calm = self.calm + ALPHA_SLOW * step
+
+
 class HistoryFilter:
     """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
 
     def __init__(self, groups: torch.Tensor, num_features: int = NUM_FEATURES):
         n = groups.numel()
-        self.position = check_num_features(num_features) == NUM_FEATURES
+        self.position = check_num_features(num_features) > BASE_FEATURES
         self.steps = 0  # iterations with an entry folded in: the next one's position in the run
         self.groups = groups
         self.table = group_table(groups)
@@ -190,6 +254,7 @@ class HistoryFilter:
         self.last_censored = torch.zeros(n)
         self.var = torch.full((n,), INIT_VAR)
         self.seen = torch.zeros(n, dtype=torch.bool)
+        self.regime = RegimeFilter(groups, self.table) if num_features == NUM_FEATURES else None
 
     def _host_mean(self, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         count = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, valid.float())
@@ -199,8 +264,9 @@ class HistoryFilter:
     def features(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(e, sd, f, k): slow mean (N,), spread (N,), features (N, F) =
         [r, q, e, l (1 - c), l c, |l| (1 - c), l_host, l_all] and, with the position,
-        [t == 1, t == 2, t == 3, (1 - alpha_slow)^t (t >= 1)] (see the module docstring), and
-        ``known`` (N,) bool: the worker's last value was seen exactly."""
+        [t == 1, t == 2, t == 3, (1 - alpha_slow)^t (t >= 1)] and, with the host regime,
+        [expected location - e, P(host slow)] (:class:`RegimeFilter`; see the module
+        docstring), and ``known`` (N,) bool: the worker's last value was seen exactly."""
         r = (self.fast - self.slow) * self.seen
         lag = (self.last - self.slow) * self.seen
         cens = self.last_censored
@@ -220,6 +286,8 @@ class HistoryFilter:
         ]
         if self.position:
             feats += [lag.new_full(lag.shape, v) for v in position_features(self.steps)]
+        if self.regime is not None:
+            feats += self.regime.features(self.slow, self.seen)
         return self.slow, self.var.sqrt(), torch.stack(feats, dim=-1), known
 
     def update(self, y: torch.Tensor, censored: torch.Tensor, present: torch.Tensor) -> None:
@@ -242,6 +310,8 @@ class HistoryFilter:
         var = (1 - ALPHA_SLOW) * (self.var + ALPHA_SLOW * diff**2)
         self.var = torch.where(use, var, self.var).clamp(min=MIN_VAR)
         self.fast = torch.where(use, self.fast + ALPHA_FAST * (target - self.fast), self.fast)
+        if self.regime is not None and present.any():  # (a row with no entry is no iteration)
+            self.regime.update(y, seen_now & ~first & ~censored, first)
         self.steps += int(bool(present.any()))  # a row with no entry is no iteration of the run
 
 

@@ -17,7 +17,8 @@ Generative model (one window of L iterations, N workers on hosts h(w))::
         loc   = e_{t,w} + a_w + g_w . f_{t,w} + phi(z_t) . B_w
         scale = sd_{t,w}^(1 + b_w) * softplus(c_w + h_w . f_{t,w} + phi(z_t) . C_w)
         (a, g, B, c, h, C, pi, d, k, b, J, u, j)_w = MLP(worker_emb[w] + host_emb[host(w)]),
-            except the weights of f's run-position features in g, h and j: every worker's
+            except the weights of f's run-position and host-regime features in g, h and j:
+            every worker's
 
 So ``x = exp(m + s y)`` is log-normal given ``z_t``, plus a rare slower, wider log-normal
 component (heavy-tailed spikes: d_w > 0, k_w > 1, pi_w starts near 2%) that keeps the bulk sharp.
@@ -96,7 +97,8 @@ class ModelConfig:
     """Size of phi(z), the latent features the emission is linear in."""
     num_features: int = NUM_FEATURES
     """History features per worker (:mod:`bdsgd.stages.model.data`): a checkpoint written before
-    the run-position features has :data:`~bdsgd.stages.model.data.BASE_FEATURES`."""
+    the run-position features has :data:`~bdsgd.stages.model.data.BASE_FEATURES`, one written
+    before the host-regime features 12 (one of :data:`~bdsgd.stages.model.data.FEATURE_SETS`)."""
     recovery: bool = False
     """Whether a host can also drop by R (a slow spell ending: :meth:`Emitter.recovery`;
     ``bdsgd fit --host-drops``); a checkpoint written before it (version 5 and older) has
@@ -195,7 +197,9 @@ class WorkerHead(nn.Module):
     g, h and j are shared by every worker (``position_w`` times :data:`POSITION_RATE`, zero at
     initialisation): a slow or fast start is the job's, and a few fitted runs show it a few
     times each, too few to learn it per worker (per worker, the held-out NLL of the level
-    clusters came out 0.02-0.03 worse)."""
+    clusters came out 0.02-0.03 worse). So are the host-regime features' (the last columns of
+    ``position_w``): what a host's slow spell means for its workers' location is the same for
+    every worker."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -13,6 +13,7 @@ import torch
 from bdsgd.stages.errors import CheckpointError
 from bdsgd.stages.model.checkpoint import (
     VERSION,
+    WITH_DROPS,
     WITHOUT_DROPS,
     Checkpoint,
     Vocab,
@@ -50,12 +51,12 @@ def test_round_trip_gives_the_same_predictions(tmp_path):
 def test_file_is_plain_data_for_weights_only_load(tmp_path):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "bdsgd-runtime-model" and payload["version"] == WITHOUT_DROPS
+    assert payload["format"] == "bdsgd-runtime-model" and payload["version"] == VERSION == 7
     assert payload["model_config"]["num_workers"] == 4
     assert all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values())
 
 
-@pytest.mark.parametrize("version", [1, 3, 7, 99, 5.0, "5"])
+@pytest.mark.parametrize("version", [1, 3, 8, 99, 5.0, "5"])
 def test_wrong_version_is_one_clear_error(tmp_path, version):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
@@ -263,7 +264,7 @@ def test_a_checkpoint_from_before_the_position_features_loads_and_predicts(tmp_p
     del payload["model_config"]["num_features"]
     torch.save({**payload, "version": 4}, path)
     loaded = load_checkpoint(path)
-    assert loaded.model.cfg.num_features == 8 == _checkpoint().model.cfg.num_features - 4
+    assert loaded.model.cfg.num_features == 8 == _checkpoint().model.cfg.num_features - 6
     predictors = [predictor_from(c, seed=3) for c in (loaded, old)]
     for predictor in predictors:
         predictor.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
@@ -291,10 +292,12 @@ def test_a_model_grown_from_one_without_the_position_predicts_as_it_did(tmp_path
 
 
 def test_a_checkpoint_from_before_the_drop_loads_without_it_and_predicts_as_written(tmp_path):
-    """A model without drops is written as before them (version 5, no recovery in its
-    model_config): it loads as such, and its predictor draws what the model written draws."""
+    """A model without drops (nor the regime features) is written as before them (version 5,
+    no recovery in its model_config): it loads as such, and its predictor draws what the model
+    written draws."""
     torch.manual_seed(0)
-    cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, recovery=False)
+    cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, recovery=False,
+                      num_features=12)  # fmt: skip
     old = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
     path = save_checkpoint(tmp_path / "m.pt", old)
     payload = torch.load(path, weights_only=True)
@@ -310,10 +313,53 @@ def test_a_checkpoint_from_before_the_drop_loads_without_it_and_predicts_as_writ
     cfg = dataclasses.replace(cfg, recovery=True)
     dropping = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
     written = torch.load(save_checkpoint(tmp_path / "n.pt", dropping), weights_only=True)
-    assert written["version"] == VERSION == 6 and written["model_config"]["recovery"] is True
+    assert written["version"] == WITH_DROPS == 6 and written["model_config"]["recovery"] is True
     assert load_checkpoint(tmp_path / "n.pt").model.cfg.recovery
     # a recovery flag that is not a bool is refused
     payload["model_config"]["recovery"] = 1
     torch.save({**payload, "version": 6}, path)
     with pytest.raises(CheckpointError, match="recovery 1 is not true or false"):
         load_checkpoint(path)
+
+
+def test_a_checkpoint_from_before_the_regime_features_predicts_as_written(tmp_path):
+    """A 12-feature model (versions 5 and 6) loads as such and its predictor computes those 12,
+    without the host-regime filter; a 14-feature one is written as version 7."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=12)
+    old = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg))
+    path = save_checkpoint(tmp_path / "m.pt", old)
+    assert torch.load(path, weights_only=True)["version"] == WITHOUT_DROPS
+    loaded = load_checkpoint(path)
+    predictors = [predictor_from(c, seed=3) for c in (loaded, old)]
+    for predictor in predictors:
+        predictor.observe(np.full(4, 0.05), np.zeros(4, dtype=bool))
+    assert predictors[0].hist.regime is None and predictors[0].hist.features()[2].shape == (4, 12)
+    torch.testing.assert_close(predictors[0].sample(8), predictors[1].sample(8))
+    new = save_checkpoint(tmp_path / "n.pt", _checkpoint())
+    assert torch.load(new, weights_only=True)["version"] == VERSION == 7
+    assert predictor_from(load_checkpoint(new), seed=3).hist.regime is not None
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+def test_a_model_grown_from_one_without_the_regime_features_predicts_as_it_did(recovery):
+    """fit --init from a 12-feature checkpoint (with or without drops): the new features'
+    weights start at 0, the shared ones and the drop's, so it predicts what the prior did."""
+    torch.manual_seed(0)
+    cfg12 = ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16, num_features=12,
+                        recovery=recovery)  # fmt: skip
+    old = dataclasses.replace(_checkpoint(), model=RuntimeModel(cfg12))
+    if recovery:  # weights that matter, so that a misplaced row would show
+        with torch.no_grad():
+            old.model.head.recovery.weight.normal_(0.0, 0.1)
+            old.model.head.recovery.bias.normal_(0.0, 0.5)
+            old.model.head.position_w.normal_(0.0, 0.1)
+    model = RuntimeModel(dataclasses.replace(cfg12, num_features=14))
+    model.load_state_dict(grown_state_dict(model, old.model))
+    assert not model.head.position_w[:, 4:].any()
+    grown = dataclasses.replace(old, model=model)
+    predictors = [predictor_from(c, seed=3) for c in (old, grown)]
+    for t in range(5):
+        for predictor in predictors:
+            predictor.observe(np.full(4, 0.05 * (1 + t % 2)), np.zeros(4, dtype=bool))
+    torch.testing.assert_close(predictors[0].sample(32), predictors[1].sample(32))

@@ -9,6 +9,7 @@ from bdsgd.stages.estimators import EwmaLogNormal
 from bdsgd.stages.model.data import (
     BASE_FEATURES,
     NUM_FEATURES,
+    POSITION_FEATURES,
     HistoryFilter,
     Normaliser,
     host_groups,
@@ -18,8 +19,11 @@ from bdsgd.stages.model.data import (
     to_tensors,
 )
 from bdsgd.stages.store import RunMatrix
+from bdsgd.stages.stragglers import SyntheticCluster
 
 from tests.stages.model.clusters import drifting_cluster
+
+POSITION = slice(BASE_FEATURES, BASE_FEATURES + POSITION_FEATURES)  # the run position's
 
 
 def test_slow_history_feature_is_the_ewma_baseline_on_exact_values():
@@ -66,7 +70,7 @@ def test_host_feature_is_shared_by_a_host_and_missing_entries_change_nothing():
     feats = hist.features()[2]
     assert torch.equal(feats, before)  # the run's position too: a row with no entry is none
     assert feats[0, 1] == feats[2, 1] and feats[0, 1] > 0 and feats[1, 1] == 0
-    assert torch.equal(before[:, BASE_FEATURES:], torch.tensor([0.0, 1.0, 0.0, 0.81]).expand(4, 4))
+    assert torch.equal(before[:, POSITION], torch.tensor([0.0, 1.0, 0.0, 0.81]).expand(4, 4))
 
 
 def test_the_position_features_mark_the_runs_first_iterations_only():
@@ -75,7 +79,7 @@ def test_the_position_features_mark_the_runs_first_iterations_only():
     hist = HistoryFilter(host_groups(["a", "b"]))
     seen = []
     for _ in range(30):
-        seen.append(hist.features()[2][0, BASE_FEATURES:].tolist())
+        seen.append(hist.features()[2][0, POSITION].tolist())
         hist.update(
             torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.ones(2, dtype=torch.bool)
         )
@@ -98,7 +102,7 @@ def test_rows_without_an_entry_are_no_iteration_of_the_run():
     present = torch.ones(4, 2, dtype=torch.bool)
     present[0] = False
     feats = run_history(y, torch.zeros_like(present), present, host_groups(["a", "b"]))[2]
-    positions = feats[:, 0, BASE_FEATURES:]
+    positions = feats[:, 0, POSITION]
     assert positions[:2].tolist() == [[0.0] * 4, [0.0] * 4]  # before the first entry, and at it
     assert positions[2, 0] == 1.0 and positions[3, 1] == 1.0
 
@@ -213,3 +217,46 @@ def test_subsample_hosts_keeps_whole_hosts_and_weighs_by_the_hosts_left_out():
     rng = np.random.default_rng(0)
     assert subsample_hosts(batch, 0, rng) is batch and subsample_hosts(batch, 12, rng) is batch
     assert rng.random() == np.random.default_rng(0).random()  # no draw taken when it is off
+
+
+def test_the_regime_filter_reads_a_hosts_slow_spells_off_its_workers():
+    """`harsh`-like hosts (4 workers each, slow spells 4x, entered at 2% and left at 10% an
+    iteration): the filtered chance of a slow spell at the coming iteration is about 0.9 for a
+    host slow at the last one and about 0.02 for a calm one, as the chain's transitions say."""
+    cluster = SyntheticCluster(seed=3, hosts=8, slow_factor=4.0, p_slow=0.02, p_recover=0.1,
+                               spike_p=0.03, drift=0.5, drift_period=300)  # fmt: skip
+    terms = cluster.log_delays(400, 32)
+    y = torch.as_tensor(terms.sum(0) / 0.7, dtype=torch.float32)  # (normalised-like)
+    hist = HistoryFilter(host_groups(cluster.host_of(32)))
+    slow = terms[2, :, :8] > 0  # (workers 0-7: one per host)
+    chance, was_slow = [], []
+    for t in range(400):
+        if t > 20:
+            chance.append(hist.features()[2][:8, -1].numpy().copy())
+            was_slow.append(slow[t - 1])
+        hist.update(y[t], torch.zeros(32, dtype=torch.bool), torch.ones(32, dtype=torch.bool))
+    chance, was_slow = np.array(chance), np.array(was_slow)
+    assert was_slow.sum() > 100 and (~was_slow).sum() > 1000
+    assert 0.85 < chance[was_slow].mean() <= 0.9 and chance[~was_slow].mean() < 0.04
+
+
+def test_a_calm_hosts_noise_hardly_moves_the_expected_location():
+    """Four workers on one calm host, noise only: the host's chance of a slow spell stays low,
+    so the expected location moves no more than the slow EWMA does (no host average of recent
+    values in it); one iteration slower by 2 is then read as a slow spell."""
+    rng = np.random.default_rng(0)
+    hist = HistoryFilter(torch.zeros(4, dtype=torch.long))
+    ok, present = torch.zeros(4, dtype=torch.bool), torch.ones(4, dtype=torch.bool)
+    for _ in range(200):
+        hist.update(torch.as_tensor(rng.normal(0.0, 0.3, 4), dtype=torch.float32), ok, present)
+    expected, slow, chance = [], [], []
+    for _ in range(100):
+        feats = hist.features()[2]
+        expected.append(feats[:, -2] + hist.slow)
+        slow.append(hist.slow.clone())
+        chance.append(float(feats[0, -1]))
+        hist.update(torch.as_tensor(rng.normal(0.0, 0.3, 4), dtype=torch.float32), ok, present)
+    assert max(chance) < 0.1
+    assert torch.all(torch.stack(expected).std(0) <= 1.05 * torch.stack(slow).std(0))
+    hist.update(torch.full((4,), 2.0), ok, present)
+    assert hist.features()[2][0, -1] > 0.8

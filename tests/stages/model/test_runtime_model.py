@@ -371,13 +371,14 @@ def test_the_run_position_weights_are_every_workers_and_start_at_zero():
         assert weights.shape == (7, NUM_FEATURES)
         assert not weights[:, BASE_FEATURES:].any()
         assert weights[:, :BASE_FEATURES].std(dim=0).min() > 0  # the history weights: per worker
+    k = NUM_FEATURES - BASE_FEATURES  # the run position's and the host regime's
     with torch.no_grad():
-        model.head.position_w.copy_(torch.arange(12.0).reshape(3, 4))
+        model.head.position_w.copy_(torch.arange(3.0 * k).reshape(3, k))
     params = model.head(torch.arange(7), torch.tensor([0, 1, 2, 1, 2, 1, 2]))
     shared = [p[:, BASE_FEATURES:] for p in (params.g, params.h, params.jump_w)]
     for i, weights in enumerate(shared):
         assert torch.equal(
-            weights, (POSITION_RATE * torch.arange(4.0) + 4 * i * POSITION_RATE).expand(7, 4)
+            weights, (POSITION_RATE * torch.arange(float(k)) + k * i * POSITION_RATE).expand(7, k)
         )
     sum(w.sum() for w in shared).backward()
     assert model.head.position_w.grad is not None and model.head.position_w.grad.abs().min() > 0
