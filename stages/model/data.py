@@ -213,9 +213,13 @@ class RegimeFilter:
     def features(self, slow: torch.Tensor, seen: torch.Tensor) -> list[torch.Tensor]:
         """[expected location - the slow EWMA, the host's chance of a slow spell], both for
         the coming iteration, per worker (0 before its first value)."""
-        ahead = self.p_slow * (1 - P_LEAVE) + (1 - self.p_slow) * P_ENTER
+        ahead = self.ahead()
         expected = self.calm + (ahead * self.delta)[self.groups]
         return [(expected - slow) * seen, ahead[self.groups] * seen]
+
+    def ahead(self) -> torch.Tensor:
+        """(G,) each host's chance of a slow spell at the coming iteration (the chain's step)."""
+        return self.p_slow * (1 - P_LEAVE) + (1 - self.p_slow) * P_ENTER
 
     def update(self, y: torch.Tensor, exact: torch.Tensor, first: torch.Tensor) -> None:
         """Fold in one iteration: ``exact`` the workers seen exactly (not for the first time:
@@ -224,7 +228,7 @@ class RegimeFilter:
         d = y - self.calm
         d_host = group_median(d, exact, self.table)
         has = torch.zeros(self.table.shape[0]).index_add_(0, self.groups, exact.float()) > 0
-        prior = self.p_slow * (1 - P_LEAVE) + (1 - self.p_slow) * P_ENTER
+        prior = self.ahead()
         log_calm = -0.5 * d_host**2 / self.var
         log_slow = -0.5 * (d_host - self.delta) ** 2 / self.var
         odds = torch.exp((log_slow - log_calm).clamp(-60.0, 60.0)) * prior / (1 - prior)
