@@ -187,21 +187,37 @@ def cluster_runs(name: str, iterations: int, workers: int) -> tuple[list, int]:
     return [CLUSTERS[name](iterations, workers)], 0
 
 
+@dataclass(frozen=True)
+class Flags:
+    """The opt-in choices of ``bdsgd fit`` a row is fitted with (``--host-drops``,
+    ``--host-regime``); the defaults are ``fit``'s."""
+
+    host_drops: bool = False
+    host_regime: bool = False
+
+    def __str__(self) -> str:
+        chosen = [f"`--{k.replace('_', '-')}`" for k, v in dataclasses.asdict(self).items() if v]
+        return f", every fit with {' '.join(chosen)}" if chosen else ""
+
+    def fitted(self, fit: dict) -> bool:
+        """Whether the saved figures ``fit`` were fitted with these choices (a choice a saved
+        fit does not name was off)."""
+        return all(fit.get(k, False) == v for k, v in dataclasses.asdict(self).items())
+
+
+FIT_DEFAULTS = Flags()
+
+
 def fit_cluster(
-    name: str, runs: list, steps: int, root: Path, host_drops: bool = False
+    name: str, runs: list, steps: int, root: Path, flags: Flags = FIT_DEFAULTS
 ) -> tuple[list[RunMatrix], dict]:
     """Write the runs to a store under ``root`` and fit on each run's first 80% (with
-    ``host_drops``: ``bdsgd fit --host-drops``); the fit's figures. A checkpoint already in
-    ``root`` (same cluster, same ``host_drops``) is reused with the figures saved beside it, not
-    fitted again (re-replaying after a policy change costs no fit)."""
+    ``flags``' choices); the fit's figures. A checkpoint already in ``root`` (same cluster, same
+    ``flags``) is reused with the figures saved beside it, not fitted again (re-replaying after
+    a policy change costs no fit)."""
     traces, checkpoint, saved = root / name, root / f"{name}.pt", root / f"{name}.fit.json"
     fit = json.loads(saved.read_text()) if saved.exists() else {}
-    if (
-        traces.exists()
-        and checkpoint.exists()
-        and fit
-        and fit.get("host_drops", False) == host_drops
-    ):
+    if traces.exists() and checkpoint.exists() and fit and flags.fitted(fit):
         matrices = TraceStore(traces).run_matrices()
         if fit.get("recalibrated_on") != RECALIBRATED_ON:  # fitted before fit did: do it now
             fit.update(recalibrated(checkpoint, matrices))
@@ -210,11 +226,10 @@ def fit_cluster(
     shutil.rmtree(traces, ignore_errors=True)
     written = [write_store(traces, x, h, f"heldout-{i:03d}") for i, (x, h) in enumerate(runs)]
     began = time.perf_counter()
-    config = FitConfig(
-        traces=traces, checkpoint=checkpoint, steps=steps, progress=False, host_drops=host_drops
-    )
-    fit = {**run_fit(config).to_json(), "fit_s": time.perf_counter() - began}
-    fit["recalibrated_on"], fit["host_drops"] = RECALIBRATED_ON, host_drops
+    choices = dataclasses.asdict(flags)
+    config = FitConfig(traces=traces, checkpoint=checkpoint, steps=steps, progress=False, **choices)
+    fit = {**run_fit(config).to_json(), "fit_s": time.perf_counter() - began, **choices}
+    fit["recalibrated_on"] = RECALIBRATED_ON
     saved.write_text(json.dumps(fit))
     return written, fit
 
@@ -233,13 +248,13 @@ def recalibrated(checkpoint: Path, runs: list[RunMatrix]) -> dict:
 
 
 def evaluate(
-    name: str, iterations: int, workers: int, steps: int, root: Path, host_drops: bool = False
+    name: str, iterations: int, workers: int, steps: int, root: Path, flags: Flags = FIT_DEFAULTS
 ) -> dict:
-    """Fit on the head (``host_drops``: with them), replay every run's tail; oracle_ratio per
+    """Fit on the head (with ``flags``' choices), replay every run's tail; oracle_ratio per
     policy (sums of gradients and seconds over all runs' tails) and the fit's figures."""
     runs, own_steps = cluster_runs(name, iterations, workers)
     workers = runs[0][0].shape[1]
-    matrices, fit = fit_cluster(name, runs, own_steps or steps, root, host_drops)
+    matrices, fit = fit_cluster(name, runs, own_steps or steps, root, flags)
     step = max(2, workers // 32)
     statics = [f"static:{c}" for c in range(workers // 2, workers + 1, step)]
     config = SimulateConfig(
@@ -308,15 +323,15 @@ LEVELS: dict[str, Levels] = {
 }
 
 
-def evaluate_levels(name: str, root: Path, host_drops: bool = False) -> dict:
+def evaluate_levels(name: str, root: Path, flags: Flags = FIT_DEFAULTS) -> dict:
     """Fit the four fitted levels (once for every cluster of ``LEVELS`` with the same seed and
-    steps; ``host_drops``: with them), replay the unseen run through every policy; the row as
+    steps; with ``flags``' choices), replay the unseen run through every policy; the row as
     :func:`evaluate` gives it, with the NLL and calibration measured on the replayed run."""
     spec = LEVELS[name]
     fitted_levels = clusters.LEVELS_FITTED
     runs = clusters.level_runs(spec.seed, (*fitted_levels, *[spec.level] * spec.replays))
     fitted = f"levels-{spec.seed}-{spec.steps}"
-    _, fit = fit_cluster(fitted, runs[: len(fitted_levels)], spec.steps, root, host_drops)
+    _, fit = fit_cluster(fitted, runs[: len(fitted_levels)], spec.steps, root, flags)
     shutil.rmtree(root / name, ignore_errors=True)
     replayed = [
         write_store(root / name, *run, run_id=f"{name}-{i:02d}")
@@ -408,24 +423,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False, host_drops: bool = False) -> str:
-    """The table; ``host_drops``: every cluster fitted with ``bdsgd fit --host-drops``."""
+def run(quick: bool = False, flags: Flags = FIT_DEFAULTS) -> str:
+    """The table; every cluster fitted with ``flags``' choices of ``bdsgd fit``."""
     iterations, workers, steps = (600, 16, 150) if quick else (2000, 32, FitConfig.steps)
     names = ["syn0", "arrack"] if quick else [*CLUSTERS, *UNLIKE]
     with tempfile.TemporaryDirectory(prefix="bdsgd-heldout-") as tmp:
-        rows = [evaluate(n, iterations, workers, steps, Path(tmp), host_drops) for n in names]
-        rows += [evaluate_levels(n, Path(tmp), host_drops) for n in LEVELS]
+        rows = [evaluate(n, iterations, workers, steps, Path(tmp), flags) for n in names]
+        rows += [evaluate_levels(n, Path(tmp), flags) for n in LEVELS]
     return "\n".join(
         [
             "## Held-out replay (`bdsgd fit` on the first 80%, `bdsgd simulate --from-frac 0.8`)",
             "",
             f"Ours: {iterations} iterations x {workers} workers per cluster, fit with {steps} "
             "steps; the unlike clusters at their own sizes and steps (`UNLIKE`)"
-            f"{', every fit with `--host-drops`' if host_drops else ''}. oracle_ratio "
+            f"{flags}. oracle_ratio "
             "of each policy on the held-out 20% (see `benchmarks/bench_heldout.py` and "
             '`docs/stragglers.md` for the clusters). Reproduce: `.venv/bin/python -c "from '
-            f"benchmarks.bench_heldout import run; print(run(quick={quick}, "
-            f'host_drops={host_drops}))"`.',
+            f"benchmarks.bench_heldout import Flags, run; print(run(quick={quick}, "
+            f'flags={flags!r}))"`.',
             "",
             table(rows),
             "",

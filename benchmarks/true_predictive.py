@@ -28,7 +28,7 @@ from bdsgd.stages.model.evaluate import Filtered, _observed, ks_distance, start_
 from bdsgd.stages.model.recalibrate import recalibration_spans
 from bdsgd.stages.stragglers import SyntheticCluster
 
-from benchmarks.bench_heldout import SYNTHETIC, cluster_runs, fit_cluster
+from benchmarks.bench_heldout import FIT_DEFAULTS, SYNTHETIC, Flags, cluster_runs, fit_cluster
 
 QUANTILES = np.array([0.1, 0.25, 0.5, 0.66, 0.75, 0.9])
 ITERATIONS, WORKERS, STEPS = 2000, 32, 2000  # bench_heldout's size for its own clusters
@@ -81,12 +81,12 @@ class Scores:
         }
 
 
-def compare(name: str, root: Path, raw: bool = False, host_drops: bool = False,
+def compare(name: str, root: Path, raw: bool = False, flags: Flags = FIT_DEFAULTS,
             samples: int = 256, seed: int = 0) -> dict:  # fmt: skip
     """The held-out part of cluster ``name`` (its first run, from its first recalibration
     span on) under the fitted model and under the true predictive."""
     runs, _ = cluster_runs(name, ITERATIONS, WORKERS)
-    matrices, _ = fit_cluster(name, runs, STEPS, root, host_drops)
+    matrices, _ = fit_cluster(name, runs, STEPS, root, flags)
     cluster = SyntheticCluster(**SYNTHETIC[name])
     terms = cluster.log_delays(ITERATIONS, WORKERS)
     run = matrices[0]
@@ -135,10 +135,12 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True, help="fits (reused when there)")
     parser.add_argument("--raw", action="store_true", help="no recalibration, no online state")
     parser.add_argument("--host-drops", action="store_true", help="fit with --host-drops")
+    parser.add_argument("--host-regime", action="store_true", help="fit with --host-regime")
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.root.mkdir(parents=True, exist_ok=True)
-    rows = [compare(n, args.root, args.raw, args.host_drops) for n in args.clusters]
+    flags = Flags(host_drops=args.host_drops, host_regime=args.host_regime)
+    rows = [compare(n, args.root, args.raw, flags) for n in args.clusters]
     print(table(rows))
 
 

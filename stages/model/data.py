@@ -245,7 +245,7 @@ class RegimeFilter:
 class HistoryFilter:
     """Per-worker EWMA state over normalised log run-times; O(N) per iteration."""
 
-    def __init__(self, groups: torch.Tensor, num_features: int = NUM_FEATURES):
+    def __init__(self, groups: torch.Tensor, num_features: int = DEFAULT_FEATURES):
         n = groups.numel()
         self.position = check_num_features(num_features) > BASE_FEATURES
         self.steps = 0  # iterations with an entry folded in: the next one's position in the run
@@ -355,7 +355,7 @@ def run_history(
     censored: torch.Tensor,
     present: torch.Tensor,
     groups: torch.Tensor,
-    num_features: int = NUM_FEATURES,
+    num_features: int = DEFAULT_FEATURES,
 ) -> tuple[torch.Tensor, ...]:
     """History features before each iteration: e (T, N), sd (T, N), f (T, N, F), known (T, N)."""
     hist = HistoryFilter(groups, num_features)
@@ -372,7 +372,7 @@ def to_tensors(
     norm: Normaliser,
     worker_idx: torch.Tensor,
     host_idx: torch.Tensor,
-    num_features: int = NUM_FEATURES,
+    num_features: int = DEFAULT_FEATURES,
 ) -> RunTensors:
     """Normalise a run (about its anchor where ``norm`` is anchored; missing entries: y = 0,
     present = False) and compute its ``num_features`` features (the model's)."""

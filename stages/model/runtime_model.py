@@ -59,7 +59,7 @@ import pyro
 import torch
 from bdsgd.stages.model.data import (
     BASE_FEATURES,
-    NUM_FEATURES,
+    DEFAULT_FEATURES,
     RunTensors,
     check_num_features,
 )
@@ -95,10 +95,12 @@ class ModelConfig:
     """Worker and host embedding size."""
     phi_dim: int = 16
     """Size of phi(z), the latent features the emission is linear in."""
-    num_features: int = NUM_FEATURES
-    """History features per worker (:mod:`bdsgd.stages.model.data`): a checkpoint written before
-    the run-position features has :data:`~bdsgd.stages.model.data.BASE_FEATURES`, one written
-    before the host-regime features 12 (one of :data:`~bdsgd.stages.model.data.FEATURE_SETS`)."""
+    num_features: int = DEFAULT_FEATURES
+    """History features per worker (:mod:`bdsgd.stages.model.data`): a fit's
+    :data:`~bdsgd.stages.model.data.DEFAULT_FEATURES`, or with the host regime (``bdsgd fit
+    --host-regime``) :data:`~bdsgd.stages.model.data.NUM_FEATURES`; a checkpoint written before
+    the run-position features has :data:`~bdsgd.stages.model.data.BASE_FEATURES` (one of
+    :data:`~bdsgd.stages.model.data.FEATURE_SETS`)."""
     recovery: bool = False
     """Whether a host can also drop by R (a slow spell ending: :meth:`Emitter.recovery`;
     ``bdsgd fit --host-drops``); a checkpoint written before it (version 5 and older) has

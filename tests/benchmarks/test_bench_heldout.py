@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 from bdsgd.stages.model.checkpoint import load_checkpoint
+from bdsgd.stages.model.data import NUM_FEATURES
 from bdsgd.stages.store import TraceStore
 
 from benchmarks.bench_heldout import (
     CLUSTERS,
+    Flags,
     ar_rack_cluster,
     fit_cluster,
     throttle_cluster,
@@ -48,9 +50,9 @@ def test_throttle_cluster_slows_hosts_down_gradually():
     assert np.median(steps) < 0.2
 
 
-def test_a_cached_fit_is_reused_only_with_the_same_host_drops(tmp_path):
+def test_a_cached_fit_is_reused_only_with_the_same_flags(tmp_path):
     """``fit_cluster`` reuses a checkpoint it fitted (no second fit), but fits again when the
-    cached one was fitted with or without host drops and the other is asked for."""
+    cached one was fitted with other choices of ``fit`` (host drops, the host regime)."""
     runs = [CLUSTERS["syn0"](120, 8)]
     _, plain = fit_cluster("syn0", runs, 4, tmp_path)
     checkpoint = tmp_path / "syn0.pt"
@@ -58,6 +60,20 @@ def test_a_cached_fit_is_reused_only_with_the_same_host_drops(tmp_path):
     _, again = fit_cluster("syn0", runs, 4, tmp_path)
     assert again == plain and checkpoint.stat().st_mtime_ns == written
     assert not load_checkpoint(checkpoint).model.cfg.recovery
-    _, drops = fit_cluster("syn0", runs, 4, tmp_path, host_drops=True)
+    _, drops = fit_cluster("syn0", runs, 4, tmp_path, Flags(host_drops=True))
     assert drops["host_drops"] and not plain["host_drops"]
     assert load_checkpoint(checkpoint).model.cfg.recovery
+    _, regime = fit_cluster("syn0", runs, 4, tmp_path, Flags(host_drops=True, host_regime=True))
+    assert regime["host_regime"] and not drops["host_regime"]
+    assert load_checkpoint(checkpoint).model.cfg.num_features == NUM_FEATURES
+
+
+def test_flags_name_the_fit_choices_they_hold():
+    """A row's flags read a saved fit's choices (one it does not name was off) and say in the
+    table's header which ``fit`` options every row used."""
+    assert Flags().fitted({"val_nll": 1.0}) and not Flags(host_regime=True).fitted({})
+    assert Flags(host_drops=True).fitted({"host_drops": True, "host_regime": False})
+    assert str(Flags()) == ""
+    assert str(Flags(host_drops=True, host_regime=True)) == (
+        ", every fit with `--host-drops` `--host-regime`"
+    )

@@ -8,6 +8,7 @@ import torch
 from bdsgd.stages.estimators import EwmaLogNormal
 from bdsgd.stages.model.data import (
     BASE_FEATURES,
+    DEFAULT_FEATURES,
     NUM_FEATURES,
     POSITION_FEATURES,
     HistoryFilter,
@@ -39,7 +40,8 @@ def test_slow_history_feature_is_the_ewma_baseline_on_exact_values():
     mu, sigma = ewma.params()
     np.testing.assert_allclose(e.numpy(), mu, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sd.numpy(), sigma, rtol=1e-4)
-    assert feats.shape == (5, NUM_FEATURES)
+    assert feats.shape == (5, DEFAULT_FEATURES) and hist.regime is None
+    assert HistoryFilter(host_groups(hosts), NUM_FEATURES).features()[2].shape == (5, NUM_FEATURES)
 
 
 def test_a_bound_below_the_mean_changes_nothing_one_above_raises_it():
@@ -130,7 +132,7 @@ def test_windows_come_from_one_run_and_keep_its_worker_set():
         )
     batch = sample_windows(runs, 8, 4, np.random.default_rng(0))
     n = batch.worker_idx.numel()
-    assert batch.y.shape == (4, 8, n) and batch.feats.shape == (4, 8, n, NUM_FEATURES)
+    assert batch.y.shape == (4, 8, n) and batch.feats.shape == (4, 8, n, DEFAULT_FEATURES)
 
 
 def test_last_step_features_follow_a_host_step_but_not_one_workers_spike():
@@ -227,7 +229,7 @@ def test_the_regime_filter_reads_a_hosts_slow_spells_off_its_workers():
                                spike_p=0.03, drift=0.5, drift_period=300)  # fmt: skip
     terms = cluster.log_delays(400, 32)
     y = torch.as_tensor(terms.sum(0) / 0.7, dtype=torch.float32)  # (normalised-like)
-    hist = HistoryFilter(host_groups(cluster.host_of(32)))
+    hist = HistoryFilter(host_groups(cluster.host_of(32)), NUM_FEATURES)
     slow = terms[2, :, :8] > 0  # (workers 0-7: one per host)
     chance, was_slow = [], []
     for t in range(400):
@@ -245,7 +247,7 @@ def test_a_calm_hosts_noise_hardly_moves_the_expected_location():
     so the expected location moves no more than the slow EWMA does (no host average of recent
     values in it); one iteration slower by 2 is then read as a slow spell."""
     rng = np.random.default_rng(0)
-    hist = HistoryFilter(torch.zeros(4, dtype=torch.long))
+    hist = HistoryFilter(torch.zeros(4, dtype=torch.long), NUM_FEATURES)
     ok, present = torch.zeros(4, dtype=torch.bool), torch.ones(4, dtype=torch.bool)
     for _ in range(200):
         hist.update(torch.as_tensor(rng.normal(0.0, 0.3, 4), dtype=torch.float32), ok, present)

@@ -13,6 +13,7 @@ import torch
 from bdsgd.stages.estimators import lognormal_logpdf_or_logsf
 from bdsgd.stages.model.data import (
     BASE_FEATURES,
+    DEFAULT_FEATURES,
     NUM_FEATURES,
     Normaliser,
     sample_windows,
@@ -188,7 +189,7 @@ def _emission_parts(groups: torch.Tensor, recovery: bool = True):
     params = model.head(torch.arange(1, 5), torch.tensor([1, 2, 1, 2]))
     hosts = HostIndex.of(groups)
     n = groups.numel()
-    feats = torch.randn(n, NUM_FEATURES)
+    feats = torch.randn(n, DEFAULT_FEATURES)
     base = model.emitter.base(
         params,
         torch.zeros(n),
@@ -204,8 +205,8 @@ def _emission_parts(groups: torch.Tensor, recovery: bool = True):
 def test_a_hosts_jump_risk_is_read_off_the_workers_seen_exactly():
     groups = torch.tensor([0, 0, 1, 1])
     model, params, hosts, _ = _emission_parts(groups)
-    params = dataclasses.replace(params, jump_w=torch.eye(4, NUM_FEATURES))
-    feats = torch.zeros(4, NUM_FEATURES)
+    params = dataclasses.replace(params, jump_w=torch.eye(4, DEFAULT_FEATURES))
+    feats = torch.zeros(4, DEFAULT_FEATURES)
     feats[0, 0] = feats[2, 2] = 3.0  # workers 0 and 2 look risky; 0's host mate was seen
     known = torch.tensor([False, True, False, False])  # host 1: both cut off
     present = torch.ones(4, dtype=torch.bool)
@@ -365,7 +366,8 @@ def test_the_run_position_weights_are_every_workers_and_start_at_zero():
     the same for every worker (known or not), zero at initialisation (a fresh model starts as
     one without them), and a gradient reaches them."""
     torch.manual_seed(0)
-    model = RuntimeModel(ModelConfig(num_workers=6, num_hosts=2, z_dim=4, hidden=16))
+    cfg = ModelConfig(num_workers=6, num_hosts=2, z_dim=4, hidden=16, num_features=NUM_FEATURES)
+    model = RuntimeModel(cfg)
     params = model.head(torch.arange(7), torch.tensor([0, 1, 2, 1, 2, 1, 2]))
     for weights in (params.g, params.h, params.jump_w):
         assert weights.shape == (7, NUM_FEATURES)
