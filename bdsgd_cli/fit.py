@@ -55,8 +55,8 @@ from bdsgd_cli.common import emit_json, run_stage
     default=False,
     help="Filter each host's slow spells as a two-state chain and give the model what it says: "
     "better held-out NLL and run-time calibration on hosts that switch in and out of slow "
-    "spells, x_(c) a little less calibrated, the same throughput. With --init from a checkpoint "
-    "without it, its weights start at 0; one with it keeps it.",
+    "spells, throughput up to 1.6% lower where hosts slow down gradually. With --init from a "
+    "checkpoint without it, its weights start at 0; one with it keeps it.",
 )
 @click.option(
     "--holdout",

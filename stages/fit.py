@@ -105,8 +105,10 @@ class FitConfig:
     """Filter each host's slow spells as a two-state chain and give the network what it says
     (:class:`bdsgd.stages.model.data.RegimeFilter`: two more history features). On the
     benchmark clusters the held-out NLL is up to 0.10 better and the run-times' calibration
-    better (`harsh` KS 0.106 -> 0.065), x_(c)'s a little worse, the throughput unchanged; the
-    history update after each iteration costs about 0.2 ms more. Checkpoint version 7."""
+    better (`harsh` KS 0.106 -> 0.065; with ``host_drops`` within 0.05 on all 13), x_(c)'s
+    mixed; the throughput up to 1.6 points lower where hosts slow down gradually; the history
+    update after each iteration costs about 0.2 ms more (docs/benchmarks.md, issue 31).
+    Checkpoint version 7."""
     censor_copy: bool = True
     """Also train on a copy of every run censored as a cutoff policy would censor it."""
     eval_samples: int = 256
