@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint
-from bdsgd.stages.model.evaluate import Filtered, _observed, ks_distance, start_at
+from bdsgd.stages.model.evaluate import Filtered, PitCollector, _observed, ks_distance, start_at
 from bdsgd.stages.model.recalibrate import recalibration_spans
 from bdsgd.stages.stragglers import SyntheticCluster
 
@@ -53,24 +53,22 @@ def true_draws(cluster: SyntheticCluster, terms: np.ndarray, t: int, samples: in
 
 
 class Scores:
-    """What one predictive's draws say about the held-out iterations (log seconds)."""
+    """What one predictive's draws say about the held-out iterations (log seconds): the
+    within-iteration quantiles, and the PITs of the run-times and of x_(c) at a fixed c."""
 
     def __init__(self, c: int) -> None:
-        self.c = c
+        self.pits = PitCollector(c)
         self.quantiles: list[np.ndarray] = []  # (Q,) median over draws of each quantile
-        self.order: list[float] = []  # x_(c)'s PIT
-        self.runtime: list[np.ndarray] = []  # each run-time's PIT
 
     def add(self, draws: np.ndarray, seen: np.ndarray) -> None:
         self.quantiles.append(np.median(np.quantile(draws, QUANTILES, axis=1), axis=1))
-        order = np.sort(draws, axis=1)[:, self.c - 1]
-        self.order.append(float((order < np.sort(seen)[self.c - 1]).mean()))
-        self.runtime.append((draws < seen).mean(axis=0))
+        every = np.ones(seen.shape, dtype=bool)
+        self.pits.add(draws, seen, ~every, every)
 
     def summary(self, seen: np.ndarray) -> dict:
         """``seen``: (I, Q) the observed within-iteration quantiles."""
         q = np.array(self.quantiles)
-        runtime, order = np.concatenate(self.runtime), np.asarray(self.order)
+        runtime, order = np.concatenate(self.pits.runtime), np.asarray(self.pits.order)
         return {
             "shape": (q - q[:, 2:3]).mean(axis=0),
             "bias": (seen - q).mean(axis=0),

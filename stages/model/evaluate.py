@@ -185,9 +185,12 @@ class PitCollector:
       (the best c / E[x_(c)]), where the iteration shows it exactly (at least c exact values,
       none of them above a censoring bound): u = share of the samples' c-th smallest below it.
 
-    A calibrated predictive gives uniform u: a central 90% interval holds 90% of the values."""
+    A calibrated predictive gives uniform u: a central 90% interval holds 90% of the values.
+    ``c``: x_(c) at this c instead (the draws and values may then be any increasing function of
+    the run-times, logs say: only their order counts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, c: int | None = None) -> None:
+        self.c = c
         self.runtime: list[np.ndarray] = []
         self.order: list[float] = []
         self.cutoffs: list[int] = []
@@ -196,7 +199,7 @@ class PitCollector:
         """One held-out iteration: (S, N) predictive draws, (N,) values, censoring, presence."""
         exact = present & ~cens
         self.runtime.append((draws[:, exact] < x[exact]).mean(axis=0))
-        cut = order_statistic_at_cut(draws, x, cens, present)
+        cut = order_statistic_at_cut(draws, x, cens, present, self.c)
         if cut is not None:
             c, predicted, seen = cut
             self.order.append(float((predicted < seen).mean()))

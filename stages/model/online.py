@@ -83,17 +83,18 @@ class OnlineSpread:
 
 
 def order_statistic_at_cut(
-    draws: np.ndarray, x: np.ndarray, cens: np.ndarray, present: np.ndarray
+    draws: np.ndarray, x: np.ndarray, cens: np.ndarray, present: np.ndarray, c: int | None = None
 ) -> tuple[int, np.ndarray, float] | None:
     """The c a cutoff policy would pick from (S, N) predictive ``draws`` of the present workers
-    (the best c / E[x_(c)]), the S predicted draws of x_(c), and x_(c) as the iteration showed
-    it; None where it did not show it exactly (fewer than c exact values below every censoring
-    bound) or nobody was present."""
+    (the best c / E[x_(c)]; or the given ``c``), the S predicted draws of x_(c), and x_(c) as the
+    iteration showed it; None where it did not show it exactly (fewer than c exact values below
+    every censoring bound) or nobody was present."""
     live = draws[:, present]
     if live.shape[1] == 0:
         return None
     ordered = np.sort(live, axis=1)
-    c = int(np.argmax(np.arange(1, live.shape[1] + 1) / ordered.mean(axis=0))) + 1
+    if c is None:
+        c = int(np.argmax(np.arange(1, live.shape[1] + 1) / ordered.mean(axis=0))) + 1
     seen = np.sort(x[present & ~cens])
     bound = x[present & cens].min(initial=np.inf)
     if seen.size < c or seen[c - 1] > bound:

@@ -69,6 +69,22 @@ def _collect(spread: float, censor_above: float | None = None, seed: int = 0) ->
     return pits.summary()
 
 
+def test_a_fixed_c_scores_that_order_statistic_whatever_the_draws_favour():
+    """PitCollector(c) takes x_(c) at the given c, not the best c of the draws (3 of 4 here);
+    logs of the same draws and values give the same PITs, since only their order counts."""
+    draws = np.tile([1.0, 1.1, 1.2, 50.0], (8, 1)) * np.linspace(0.9, 1.1, 8)[:, None]
+    x = np.array([0.95, 1.0, 1.15, 60.0])
+    every = np.ones(4, dtype=bool)
+    best = PitCollector()
+    best.add(draws, x, ~every, every)
+    assert best.cutoffs == [3] and best.order == [0.375]  # 1.15 above 3 of 8 of 1.2 * 0.9-1.1
+    for values, seen in ((draws, x), (np.log(draws), np.log(x))):
+        fixed = PitCollector(c=4)
+        fixed.add(values, seen, ~every, every)
+        assert fixed.cutoffs == [4] and fixed.order == [1.0]  # 60 above every 50 * 0.9-1.1
+        assert fixed.runtime[0].tolist() == best.runtime[0].tolist()
+
+
 def test_calibration_covers_90_percent_under_the_true_predictive():
     summary = _collect(0.7)
     for key in ("runtime", "order_stat"):
