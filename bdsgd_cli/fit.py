@@ -45,9 +45,9 @@ from bdsgd_cli.common import emit_json, run_stage
     is_flag=True,
     default=False,
     help="Model a host's slow spell ending (a drop of the whole host) as well as starting: "
-    "better held-out NLL on hosts that switch in and out of slow spells; a decision costs "
-    "the same at 256 workers, up to 20% more at 1,024. With --init, the earlier checkpoint's "
-    "choice stands.",
+    "better held-out NLL on hosts that switch in and out of slow spells, throughput about "
+    "0.5% lower where hosts slow down gradually; a decision costs the same at 256 workers, up "
+    "to 20% more at 1,024. With --init, the earlier checkpoint's choice stands.",
 )
 @click.option(
     "--host-regime",

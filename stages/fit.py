@@ -99,8 +99,10 @@ class FitConfig:
     """Model a host's slow spell ending as well as starting: a host can drop by R_w as a whole
     (its probability and size read from the host's history), beside the jump up. On clusters
     whose hosts switch in and out of slow spells the held-out NLL is 0.07-0.08 better and the
-    run-times' calibration a little better, the policy's throughput unchanged, and a decision
-    costs 10-25% more (docs/benchmarks.md, issue 31). ``init``: the prior's choice stands."""
+    run-times' calibration a little better, the policy's throughput unchanged there but about
+    0.5 points lower where hosts slow down gradually (`arrack`, `throttle`), and a decision
+    costs the same at 256 workers, up to 20% more at 1,024 (docs/benchmarks.md, issue 31).
+    ``init``: the prior's choice stands."""
     host_regime: bool = False
     """Filter each host's slow spells as a two-state chain and give the network what it says
     (:class:`bdsgd.stages.model.data.RegimeFilter`: two more history features). On the
