@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.fit import AUTO_HOST_KS, FitConfig, run_fit
 from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint, save_checkpoint
 from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, model_log_lik
 from bdsgd.stages.model.evaluate import evaluate as held_out
@@ -189,20 +189,28 @@ def cluster_runs(name: str, iterations: int, workers: int) -> tuple[list, int]:
 
 @dataclass(frozen=True)
 class Flags:
-    """The opt-in choices of ``bdsgd fit`` a row is fitted with (``--host-drops``,
-    ``--host-regime``); the defaults are ``fit``'s."""
+    """The choices of ``bdsgd fit`` a row is fitted with (``--host-drops``, ``--host-regime``,
+    ``--auto-host-ks``); the defaults are ``fit``'s."""
 
     host_drops: bool = False
     host_regime: bool = False
+    auto_host_ks: float = AUTO_HOST_KS
 
     def __str__(self) -> str:
-        chosen = [f"`--{k.replace('_', '-')}`" for k, v in dataclasses.asdict(self).items() if v]
+        names = ("host_drops", "host_regime")
+        chosen = [f"`--{k.replace('_', '-')}`" for k in names if getattr(self, k)]
+        if self.auto_host_ks != AUTO_HOST_KS:
+            chosen.append(f"`--auto-host-ks {self.auto_host_ks:g}`")
         return f", every fit with {' '.join(chosen)}" if chosen else ""
 
     def fitted(self, fit: dict) -> bool:
         """Whether the saved figures ``fit`` were fitted with these choices (a choice a saved
-        fit does not name was off)."""
-        return all(fit.get(k, False) == v for k, v in dataclasses.asdict(self).items())
+        fit does not name was off: fitted before ``fit`` had it)."""
+        return all(fit.get(k, UNNAMED[k]) == v for k, v in dataclasses.asdict(self).items())
+
+
+UNNAMED = {"host_drops": False, "host_regime": False, "auto_host_ks": 1.0}
+"""A choice a saved fit does not name: off (it was fitted before ``fit`` had it)."""
 
 
 FIT_DEFAULTS = Flags()

@@ -71,9 +71,13 @@ def test_a_cached_fit_is_reused_only_with_the_same_flags(tmp_path):
 def test_flags_name_the_fit_choices_they_hold():
     """A row's flags read a saved fit's choices (one it does not name was off) and say in the
     table's header which ``fit`` options every row used."""
-    assert Flags().fitted({"val_nll": 1.0}) and not Flags(host_regime=True).fitted({})
-    assert Flags(host_drops=True).fitted({"host_drops": True, "host_regime": False})
+    assert Flags().fitted({"val_nll": 1.0, "auto_host_ks": 0.05})
+    assert not Flags(host_regime=True).fitted({"auto_host_ks": 0.05})
+    assert not Flags().fitted({"val_nll": 1.0})  # fitted before --auto-host-ks: never refitted
+    assert Flags(auto_host_ks=1.0).fitted({"val_nll": 1.0})
+    assert Flags(host_drops=True).fitted({"host_drops": True, "auto_host_ks": 0.05})
     assert str(Flags()) == ""
     assert str(Flags(host_drops=True, host_regime=True)) == (
         ", every fit with `--host-drops` `--host-regime`"
     )
+    assert str(Flags(auto_host_ks=1.0)) == ", every fit with `--auto-host-ks 1`"

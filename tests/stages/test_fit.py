@@ -400,3 +400,54 @@ def test_host_regime_is_opt_in_and_written_as_version_7(tmp_path):
     assert torch.load(regime.checkpoint, weights_only=True)["version"] == 7
     again = run_fit(_config(tmp_path, checkpoint=tmp_path / "c.pt", init=regime.checkpoint))
     assert load_checkpoint(again.checkpoint).model.cfg.num_features == 14
+
+
+def _scored(ks: float | None, iterations: int) -> fit.FitResult:
+    """A fit's result whose held-out calibration scored ``iterations`` with run-time KS ``ks``."""
+    calibration = {"runtime": {"ks": ks}, "order_stat": {"count": iterations}}
+    return fit.FitResult(8, 0.0, None, Path("m.pt"), 0.0, [], calibration)
+
+
+@pytest.mark.parametrize(
+    ("ks", "iterations", "chosen", "expected"),
+    [(0.06, 200, {}, True), (0.04, 200, {}, False), (0.06, 99, {}, False),
+     (None, 200, {}, False), (0.06, 200, {"host_drops": True}, False),
+     (0.06, 200, {"host_regime": True}, False), (0.06, 200, {"auto_host_ks": 1.0}, False)],
+)  # fmt: skip
+def test_a_fit_is_redone_only_when_its_run_times_are_off_over_enough_iterations(
+    tmp_path, ks, iterations, chosen, expected
+):
+    """--auto-host-ks: above the bound (0.05), over at least 100 scored iterations, and only
+    where the user chose neither option."""
+    config = _config(tmp_path, **chosen)
+    assert fit.wants_refit(config, None, _scored(ks, iterations)) is expected
+
+
+def test_an_init_checkpoint_keeps_its_choice_however_the_fit_scores(tmp_path):
+    _store(tmp_path / "traces")
+    prior = load_checkpoint(run_fit(_config(tmp_path, auto_host_ks=1.0)).checkpoint)
+    assert not fit.wants_refit(_config(tmp_path), prior, _scored(0.5, 1000))
+
+
+def test_an_off_fit_is_fitted_again_with_both_options_and_the_better_one_kept(tmp_path, capsys):
+    """Bound 0 (every KS is above it) on 1,000 iterations (100 scored): the fit runs twice, says
+    so, keeps the fit whose held-out run-time KS is lower and records both KS in its result and
+    checkpoint; the saved model has the options exactly when the second fit was kept."""
+    _store(tmp_path / "traces", workers=4, iterations=1000)
+    result = run_fit(_config(tmp_path, auto_host_ks=0.0, eval_samples=8))
+    info = result.auto_host
+    assert info["ks"] > 0 and info["kept"] == (info["refit_ks"] < info["ks"])
+    assert result.calibration["runtime"]["ks"] == (info["refit_ks"] if info["kept"] else info["ks"])
+    ckpt = load_checkpoint(result.checkpoint)
+    assert ckpt.summary["auto_host"] == info
+    assert ckpt.model.cfg.recovery == info["kept"] == result.host_drops
+    assert (ckpt.model.cfg.num_features == 14) == info["kept"] == result.host_regime
+    assert result.to_json()["model"] == {"host_drops": info["kept"], "host_regime": info["kept"]}
+    said = " ".join(capsys.readouterr().err.split())  # (rich folds long lines)
+    assert "fitting again with --host-drops --host-regime" in said
+    assert f"kept the {'second' if info['kept'] else 'first'} fit" in said
+
+
+def test_bad_auto_host_ks_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="auto_host_ks"):
+        _config(tmp_path, auto_host_ks=1.5)
