@@ -9,6 +9,8 @@ import click
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
 
+AUTO_HOST_KS = 0.05  # bdsgd.stages.fit's (imported late, with torch)
+
 
 @click.command()
 @options.traces
@@ -63,7 +65,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @click.option(
     "--auto-host-ks",
     type=float,
-    default=0.05,
+    default=AUTO_HOST_KS,
     show_default=True,
     help="Without --host-drops, --host-regime and --init: when the held-out run-times' PIT KS "
     "distance is above this (the predictive's shape is off), fit again with --host-drops "
@@ -125,8 +127,9 @@ def _print_table(result) -> None:
     for name, nll in (("model", result.val_nll), *result.baseline_nll.items()):
         table.add_row(name, f"{nll:.4f}")
     console.print(table)
-    if line := _calibration_line(result.calibration):
-        console.print(line)
+    for line in (_calibration_line(result.calibration), _ks_line(result.calibration)):
+        if line:
+            console.print(line)
     console.print(f"checkpoint: {result.checkpoint}  ({result.fit_s:.1f} s)")
 
 
@@ -146,4 +149,20 @@ def _calibration_line(calibration: dict | None) -> str | None:
         "[dim](x_(c): the c-th fastest run-time of an iteration, when a cutoff policy's iteration "
         "ends, at the c it would choose; 85-95% is well calibrated, below: the predictive is too "
         "sure, above: too vague)[/]"
+    )
+
+
+def _ks_line(calibration: dict | None) -> str | None:
+    """The PITs' KS distance from uniform (the predictive's shape, not only its 90% interval),
+    with a warning above 0.05 (``--auto-host-ks`` acts on the run-times')."""
+    if not calibration:
+        return None
+    parts = []
+    for key, label in (("runtime", "run-times"), ("order_stat", "x_(c)")):
+        ks = (calibration.get(key) or {}).get("ks")
+        if ks is not None:
+            warn = " [yellow](above 0.05)[/]" if ks > AUTO_HOST_KS else ""
+            parts.append(f"{label} {ks:.3f}{warn}")
+    return (
+        "held-out PIT KS (0: the predictive's shape fits): " + ", ".join(parts) if parts else None
     )

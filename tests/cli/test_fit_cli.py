@@ -30,6 +30,12 @@ def test_fit_trains_saves_and_prints_the_spec_json(tmp_path):
     assert calibration["central"] == 0.9 and calibration["runtime"]["count"] > 0
     assert 0.0 <= calibration["runtime"]["coverage"] <= 1.0
     assert "90% predictive interval" in result.stderr
+    ks = calibration["runtime"]["ks"]
+    assert f"held-out PIT KS (0: the predictive's shape fits): run-times {ks:.3f}" in " ".join(
+        result.stderr.split()
+    )
+    assert payload["model"] == {"host_drops": False, "host_regime": False}
+    assert payload["auto_host"] is None  # a tiny store scores too few iterations to refit
     assert payload["checkpoint"] == str(ckpt)
     assert "ewma" in result.stderr
     assert torch.load(ckpt, weights_only=True)["summary"]["val_nll"] == payload["val_nll"]
@@ -182,3 +188,20 @@ def test_a_crafted_init_checkpoint_is_a_one_line_error(tmp_path):
     ]
     _one_line_error(_invoke(*args, *FAST), "malformed checkpoint (norm scale -1.0")
     assert not out.exists()
+
+
+def test_the_cli_s_auto_host_bound_is_the_stage_s():
+    from bdsgd.stages.fit import AUTO_HOST_KS, FitConfig
+
+    from bdsgd_cli import fit
+
+    assert fit.AUTO_HOST_KS == AUTO_HOST_KS == FitConfig.auto_host_ks
+
+
+def test_ks_above_the_bound_is_flagged_and_none_is_left_out():
+    from bdsgd_cli.fit import _ks_line
+
+    line = _ks_line({"runtime": {"ks": 0.106}, "order_stat": {"ks": 0.04}})
+    assert "run-times 0.106 [yellow](above 0.05)[/]" in line and "x_(c) 0.040" in line
+    assert "x_(c) 0.040 [yellow]" not in line
+    assert _ks_line(None) is None and _ks_line({"runtime": {"ks": None}}) is None
