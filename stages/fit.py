@@ -224,7 +224,8 @@ def run_fit(config: FitConfig) -> FitResult:
     try:
         with retained_heap():
             fitted = _fit(config, runs, prior)
-            if wants_refit(config, prior, fitted.result):
+            if wants_refit(config, prior, fitted.result):  # the first saved: a stopped
+                save_checkpoint(config.checkpoint, fitted.checkpoint)  # refit keeps it
                 fitted = _refit(config, runs, fitted)
     finally:
         torch.set_num_threads(threads)
@@ -244,6 +245,11 @@ def wants_refit(config: FitConfig, prior: Checkpoint | None, result: FitResult) 
     return not chosen and enough and ks is not None and ks > config.auto_host_ks
 
 
+def finite_weights(ckpt: Checkpoint) -> bool:
+    """Whether every weight of the model is finite (a diverged fit's are not)."""
+    return all(bool(torch.isfinite(p).all()) for p in ckpt.model.state_dict().values())
+
+
 def runtime_ks(result: FitResult) -> float | None:
     """The held-out run-times' PIT KS distance of a fit (None without a held-out part)."""
     runtime = (result.calibration or {}).get("runtime") or {}
@@ -252,20 +258,27 @@ def runtime_ks(result: FitResult) -> float | None:
 
 def _refit(config: FitConfig, runs: list[RunMatrix], first: Fitted) -> Fitted:
     """Fit again with host drops and the host regime; keep whichever fit has the lower
-    held-out run-time KS, and say so."""
+    held-out run-time KS (the second only with finite weights), and say so. A second fit that
+    fails keeps the first: nobody asked for it."""
     ks = runtime_ks(first.result)
     console.print(
         f"fit: the held-out run-times' PIT KS is {ks:.3f}, above {config.auto_host_ks:g} "
         "(--auto-host-ks): fitting again with --host-drops --host-regime"
     )
     richer = dataclasses.replace(config, host_drops=True, host_regime=True)
-    second = _fit(richer, runs, None)
-    refit_ks = runtime_ks(second.result)
-    kept = refit_ks is not None and refit_ks < ks
-    console.print(
-        f"fit: kept the {'second' if kept else 'first'} fit (run-time KS {refit_ks:.3f} "
-        f"{'<' if kept else '>='} {ks:.3f})"
-    )
+    try:
+        second = _fit(richer, runs, None)
+    except Exception as err:  # (not Ctrl-C: the first fit is saved already)
+        console.print(f"fit: the second fit failed ({err}); kept the first")
+        second = None
+    refit_ks = runtime_ks(second.result) if second is not None else None
+    kept = refit_ks is not None and refit_ks < ks and finite_weights(second.checkpoint)
+    if second is not None:
+        shown = "none" if refit_ks is None else f"{refit_ks:.3f}"
+        console.print(
+            f"fit: kept the {'second' if kept else 'first'} fit (run-time KS {shown} "
+            f"{'<' if kept else 'against'} {ks:.3f})"
+        )
     chosen = second if kept else first
     info = {"ks": ks, "refit_ks": refit_ks, "kept": kept}
     ckpt = chosen.checkpoint

@@ -198,10 +198,11 @@ def test_the_cli_s_auto_host_bound_is_the_stage_s():
     assert fit.AUTO_HOST_KS == AUTO_HOST_KS == FitConfig.auto_host_ks
 
 
-def test_ks_above_the_bound_is_flagged_and_none_is_left_out():
+def test_ks_above_the_bound_and_beyond_chance_is_flagged_and_none_is_left_out():
     from bdsgd_cli.fit import _ks_line
 
-    line = _ks_line({"runtime": {"ks": 0.106}, "order_stat": {"ks": 0.04}})
-    assert "run-times 0.106 [yellow](above 0.05)[/]" in line and "x_(c) 0.040" in line
-    assert "x_(c) 0.040 [yellow]" not in line
+    line = _ks_line({"runtime": {"ks": 0.106, "ks_p95": 0.017}, "order_stat": {"ks": 0.04}})
+    assert "run-times 0.106 [yellow](off)[/]" in line and line.endswith("x_(c) 0.040")
+    few = _ks_line({"runtime": {"ks": 0.106, "ks_p95": 0.12}})  # within chance over few values
+    assert few.endswith("run-times 0.106")
     assert _ks_line(None) is None and _ks_line({"runtime": {"ks": None}}) is None

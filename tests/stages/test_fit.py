@@ -451,3 +451,58 @@ def test_an_off_fit_is_fitted_again_with_both_options_and_the_better_one_kept(tm
 def test_bad_auto_host_ks_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="auto_host_ks"):
         _config(tmp_path, auto_host_ks=1.5)
+
+
+def _second_fit(monkeypatch, outcome):
+    """Make ``fit._fit``'s second call (the refit) do ``outcome(config, runs, prior)``."""
+    real, calls = fit._fit, []
+
+    def counted(config, runs, prior):
+        calls.append(config)
+        return real(config, runs, prior) if len(calls) == 1 else outcome(config, runs, prior)
+
+    monkeypatch.setattr(fit, "_fit", counted)
+    return real, calls
+
+
+def test_a_kept_second_fit_is_the_model_saved(tmp_path, monkeypatch):
+    """The refit's model scores better (KS made 0.01 for a model with the options, 0.2
+    without): it is the one saved, with both options, and the result says so."""
+    _store(tmp_path / "traces", workers=4, iterations=1000)
+    monkeypatch.setattr(fit, "runtime_ks", lambda r: 0.01 if r.host_drops else 0.2)
+    result = run_fit(_config(tmp_path, eval_samples=8))
+    assert result.auto_host == {"ks": 0.2, "refit_ks": 0.01, "kept": True}
+    ckpt = load_checkpoint(result.checkpoint)
+    assert ckpt.model.cfg.recovery and ckpt.model.cfg.num_features == 14
+    assert ckpt.summary["auto_host"]["kept"] and ckpt.fit_config["host_regime"]
+    assert result.to_json()["model"] == {"host_drops": True, "host_regime": True}
+
+
+def test_a_failed_refit_keeps_the_first_fit(tmp_path, monkeypatch, capsys):
+    _store(tmp_path / "traces", workers=4, iterations=1000)
+
+    def fails(config, runs, prior):
+        raise RuntimeError("out of memory")
+
+    _, calls = _second_fit(monkeypatch, fails)
+    result = run_fit(_config(tmp_path, auto_host_ks=0.0, eval_samples=8))
+    assert len(calls) == 2 and calls[1].host_drops and calls[1].host_regime
+    assert result.auto_host == {"ks": result.auto_host["ks"], "refit_ks": None, "kept": False}
+    assert not load_checkpoint(result.checkpoint).model.cfg.recovery
+    assert "the second fit failed (out of memory); kept the first" in " ".join(
+        capsys.readouterr().err.split()
+    )
+
+
+def test_a_refit_stopped_by_ctrl_c_leaves_the_first_fit_saved(tmp_path, monkeypatch):
+    _store(tmp_path / "traces", workers=4, iterations=1000)
+
+    def interrupted(config, runs, prior):
+        raise KeyboardInterrupt
+
+    _second_fit(monkeypatch, interrupted)
+    config = _config(tmp_path, auto_host_ks=0.0, eval_samples=8)
+    with pytest.raises(KeyboardInterrupt):
+        run_fit(config)
+    saved = load_checkpoint(config.checkpoint)
+    assert not saved.model.cfg.recovery and saved.summary["val_nll"] is not None
