@@ -408,19 +408,29 @@ def pit_ks(row: dict, key: str) -> str:
     return f"{ks:.3f}" if bound is None else f"{ks:.3f} [{bound:.3f}]"
 
 
+def host_options(row: dict) -> str:
+    """What the row's saved model has of ``fit``'s host options, "(refit)" where
+    ``--auto-host-ks`` turned them on; "-" for neither (or a fit from before it said)."""
+    model = row.get("model") or {}
+    chosen = [name for name, key in (("drops", "host_drops"), ("regime", "host_regime"))
+              if model.get(key)]  # fmt: skip
+    refit = " (refit)" if (row.get("auto_host") or {}).get("kept") else ""
+    return " + ".join(chosen) + refit if chosen else "-"
+
+
 def table(rows: list[dict]) -> str:
     lines = [
-        "| cluster | N | bdsgd | best peer | bdsgd - best peer | leaned | bdsgd:unchecked | "
+        "| cluster | N | host options | bdsgd | best peer | bdsgd - best peer | leaned | bdsgd:unchecked | "
         "bdsgd:fixed | ewma | ecdf | elfving | best static | full | 90% PI: run-times / x_(c) "
         "| PIT KS [calibrated 95%]: run-times / x_(c) | val_nll (window / ewma) | "
         "decision ms p50 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         q, b = r["ratio"], r["baseline_nll"]
         peer, value = best_peer(r)
         lines.append(
-            f"| {r['name']} | {r['workers']} | **{q['bdsgd']:.3f}** | {value:.3f} (`{peer}`) | "
+            f"| {r['name']} | {r['workers']} | {host_options(r)} | **{q['bdsgd']:.3f}** | {value:.3f} (`{peer}`) | "
             f"{q['bdsgd'] - value:+.3f} | {r['leaned_share']:.0%} | "
             f"{q['bdsgd:unchecked']:.3f} | {q['bdsgd:fixed']:.3f} | {q['ewma']:.3f} | "
             f"{q['ecdf']:.3f} | {q['elfving']:.3f} | {q[r['best_static']]:.3f} | {q['full']:.3f} | "

@@ -12,6 +12,7 @@ from benchmarks.bench_heldout import (
     Flags,
     ar_rack_cluster,
     fit_cluster,
+    host_options,
     throttle_cluster,
     write_store,
 )
@@ -81,3 +82,12 @@ def test_flags_name_the_fit_choices_they_hold():
         ", every fit with `--host-drops` `--host-regime`"
     )
     assert str(Flags(auto_host_ks=1.0)) == ", every fit with `--auto-host-ks 1`"
+
+
+def test_a_row_says_which_host_options_its_model_has_and_whether_a_refit_chose_them():
+    both = {"host_drops": True, "host_regime": True}
+    assert host_options({"model": both, "auto_host": {"kept": True}}) == "drops + regime (refit)"
+    assert host_options({"model": both, "auto_host": None}) == "drops + regime"
+    assert host_options({"model": {"host_drops": True, "host_regime": False}}) == "drops"
+    assert host_options({"model": {"host_drops": False}, "auto_host": {"kept": False}}) == "-"
+    assert host_options({}) == "-"  # saved before fit reported its model
