@@ -126,7 +126,8 @@ class FitConfig:
     fitted again with both, and the second fit is kept if its KS is lower (the fit then takes
     about twice as long). On the 13 held-out clusters of docs/benchmarks.md it refits the four
     with host slow spells (`syn0`-`syn2`, `harsh`: KS 0.054-0.106 -> 0.013-0.046, throughput
-    within 0.0014 or better) and none of the others, where the options cost throughput.
+    within 0.0014 or better; within 0.0023 with fit seed 1) and none of the others, where the
+    options cost throughput.
     Only where :data:`AUTO_HOST_ITERATIONS` held-out iterations were scored; 1: never."""
     censor_copy: bool = True
     """Also train on a copy of every run censored as a cutoff policy would censor it."""
