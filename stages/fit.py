@@ -277,8 +277,8 @@ def _refit(config: FitConfig, runs: list[RunMatrix], first: Fitted) -> Fitted:
     if second is not None:
         shown = "none" if refit_ks is None else f"{refit_ks:.3f}"
         console.print(
-            f"fit: kept the {'second' if kept else 'first'} fit (run-time KS {shown} "
-            f"{'<' if kept else 'against'} {ks:.3f})"
+            f"fit: kept the {'second' if kept else 'first'} fit (held-out run-time KS: the "
+            f"second's {shown}, the first's {ks:.3f})"
         )
     chosen = second if kept else first
     info = {"ks": ks, "refit_ks": refit_ks, "kept": kept}
