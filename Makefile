@@ -21,9 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	# two test processes, a file each at a time (its module fixtures made once): most tests wait on
-	# worker processes, so two share 2 cores well (17m50s -> 12m33s of a full run on this machine)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15  # (the slowest, for keeping CI within its 15 minutes)
+	$(BIN)/python -m pytest -q --durations=15  # (the slowest, for keeping CI within its 15 minutes)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
