@@ -10,6 +10,8 @@ from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
 
 AUTO_HOST_KS = 0.05  # bdsgd.stages.fit's (imported late, with torch)
+SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
+"""The calibration's two scores, as the lines below name them."""
 
 
 @click.command()
@@ -139,7 +141,7 @@ def _calibration_line(calibration: dict | None) -> str | None:
     if not calibration or calibration["runtime"]["coverage"] is None:
         return None
     parts = []
-    for key, label in (("runtime", "run-times"), ("order_stat", "x_(c)")):
+    for key, label in SCORED:
         cover = calibration[key]["coverage"]
         if cover is not None:
             warn = "" if 0.85 <= cover <= 0.95 else " [yellow](outside 85-95%)[/]"
@@ -159,7 +161,7 @@ def _ks_line(calibration: dict | None) -> str | None:
     if not calibration:
         return None
     parts = []
-    for key, label in (("runtime", "run-times"), ("order_stat", "x_(c)")):
+    for key, label in SCORED:
         scores = calibration.get(key) or {}
         ks = scores.get("ks")
         if ks is not None:

@@ -420,8 +420,9 @@ def host_options(row: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| cluster | N | host options | bdsgd | best peer | bdsgd - best peer | leaned | bdsgd:unchecked | "
-        "bdsgd:fixed | ewma | ecdf | elfving | best static | full | 90% PI: run-times / x_(c) "
+        "| cluster | N | host options | bdsgd | best peer | bdsgd - best peer | leaned | "
+        "bdsgd:unchecked | bdsgd:fixed | ewma | ecdf | elfving | best static | full | "
+        "90% PI: run-times / x_(c) "
         "| PIT KS [calibrated 95%]: run-times / x_(c) | val_nll (window / ewma) | "
         "decision ms p50 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -430,7 +431,8 @@ def table(rows: list[dict]) -> str:
         q, b = r["ratio"], r["baseline_nll"]
         peer, value = best_peer(r)
         lines.append(
-            f"| {r['name']} | {r['workers']} | {host_options(r)} | **{q['bdsgd']:.3f}** | {value:.3f} (`{peer}`) | "
+            f"| {r['name']} | {r['workers']} | {host_options(r)} | **{q['bdsgd']:.3f}** | "
+            f"{value:.3f} (`{peer}`) | "
             f"{q['bdsgd'] - value:+.3f} | {r['leaned_share']:.0%} | "
             f"{q['bdsgd:unchecked']:.3f} | {q['bdsgd:fixed']:.3f} | {q['ewma']:.3f} | "
             f"{q['ecdf']:.3f} | {q['elfving']:.3f} | {q[r['best_static']]:.3f} | {q['full']:.3f} | "

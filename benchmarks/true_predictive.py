@@ -62,8 +62,8 @@ class Scores:
 
     def add(self, draws: np.ndarray, seen: np.ndarray) -> None:
         self.quantiles.append(np.median(np.quantile(draws, QUANTILES, axis=1), axis=1))
-        every = np.ones(seen.shape, dtype=bool)
-        self.pits.add(draws, seen, ~every, every)
+        none, every = np.zeros(seen.shape, dtype=bool), np.ones(seen.shape, dtype=bool)
+        self.pits.add(draws, seen, none, every)  # nothing censored, every worker present
 
     def summary(self, seen: np.ndarray) -> dict:
         """``seen``: (I, Q) the observed within-iteration quantiles."""
