@@ -406,8 +406,12 @@ class Arrivals:
         if self.num_states == 2:
             p_jump = 1.0 / (1.0 + np.exp(seen[:, 0] - seen[:, 1]))  # (P, hosts waited on)
             return pick, u < p_jump[pick]
-        p = np.exp(seen[:, :2] - mixed[:, None])[pick]  # (S, 2, hosts): calm, jumped
-        return pick, (u >= p[:, 0]).astype(np.int32) + (u >= p[:, 0] + p[:, 1])
+        calm = np.exp(seen[:, 0] - mixed)  # (P, hosts): P(calm), then P(calm or jumped)
+        calm_or_jumped = np.exp(seen[:, 1] - mixed)
+        calm_or_jumped += calm  # per draw, then picked: P rows, not S (16 against 32)
+        state = (u >= calm[pick]).astype(np.int32)
+        state += u >= calm_or_jumped[pick]
+        return pick, state
 
     def pick_draws(self, joint: np.ndarray) -> np.ndarray:
         """(S,) draws of z picked in proportion to exp(``joint``), their (P,) log weights."""
