@@ -8,7 +8,7 @@ The worker side (what a worker process imports; nothing of the engine side):
 - ``worker_report.py``: :class:`WorkerReport`, the one encoding of a computation from worker to
   trace.
 - ``spawned.py``: a spawned worker's first code (SIGINT, SIGTERM ignored before torch is
-  imported).
+  imported) and its last (an engine's worker exits without the interpreter's finalisation).
 - ``worker.py``: what every worker does, and the parameter-server worker; ``replica.py``: the
   collective engine's worker (``replica_membership.py``: its generation and group;
   ``replica_steps.py``: its steps on their way to the coordinator); ``async_worker.py``: the
