@@ -154,8 +154,8 @@ def spawn_workers(cfg: EngineConfig, port: int, main, procs: list[mp.Process]) -
     target = f"{main.__module__}:{main.__qualname__}"
     for w in range(cfg.workers):
         spec = pickle.dumps(WorkerSpec(w + 1, cfg.host, port, cfg.host, cfg, local_rank=w))
-        proc = ctx.Process(target=spawned.run, args=(target, spec, True),
-                           name=f"bdsgd-worker-{w}", daemon=True)  # fmt: skip
+        proc = ctx.Process(target=spawned.run, args=(target, spec), name=f"bdsgd-worker-{w}",
+                           kwargs={"exit_at_once": True}, daemon=True)  # fmt: skip
         proc.start()
         procs.append(proc)
 

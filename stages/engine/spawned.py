@@ -7,18 +7,22 @@ worker's module imported. This module imports the standard library and
 :mod:`bdsgd.stages.signals` alone (which imports the standard library alone), and the worker's
 spec comes pickled (unpickling it imports the worker side: :mod:`bdsgd.stages.engine.worker`).
 
-An engine's worker exits at once when its loop returns (``exit_at_once``): its results went to
-the engine (the control store, its gloo group, files it closed) before, and the interpreter's
-last garbage collection, which runs the destructors of its gloo group and its store connection,
-once waited out the 20 s grace the engine gives its workers before it kills them (a worker's
-stack at the kill: "Garbage-collecting", no Python frame; one test run in about a hundred under
-a load of five on two cores). The registered exit functions still run, and the streams are
-flushed. A training loop's ranks (:mod:`bdsgd.stages.loop.local`) run the user's own code and
-exit as Python does."""
+An engine's worker exits at once when its loop returns (``exit_at_once``): what it reports has
+gone to the engine by then (the control store, its gloo group). The interpreter's finalisation
+is skipped: its last garbage collection (objects in reference cycles, C++ destructors among
+them) once held a worker past the 20 s grace the engine gives its workers before it kills them
+(the worker's stack at the kill: "Garbage-collecting", no Python frame; one test run in about a
+hundred under a load of five on two cores). Automatic collection is off from there, and an
+exception's frames are held until the end. The registered exit functions still run and the
+standard streams are flushed; non-daemon threads are not waited for. A training loop's ranks
+(:mod:`bdsgd.stages.loop.local`) exit as Python does: they are the user's whole program, which
+may rely on its finalisation.
+"""
 
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import os
 import pickle
@@ -39,13 +43,12 @@ def run(target: str, spec: bytes, exit_at_once: bool = False) -> None:
         return
     try:
         call(target, spec)
-        code = 0
     except SystemExit as exc:
-        code = exit_code(exc)
+        exit_now(exit_code(exc))
     except BaseException:  # noqa: BLE001 (as multiprocessing does: the traceback, then 1)
         traceback.print_exc()
-        code = 1
-    exit_now(code)
+        exit_now(1)  # here: the exception's frames are not freed first
+    exit_now(0)
 
 
 def call(target: str, spec: bytes) -> None:
@@ -64,7 +67,8 @@ def exit_code(exc: SystemExit) -> int:
 
 def exit_now(code: int) -> None:
     """Run the registered exit functions, flush the standard streams and end the process with
-    ``code``, without the interpreter's finalisation."""
+    ``code``, without the interpreter's finalisation (automatic garbage collection off first)."""
+    gc.disable()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

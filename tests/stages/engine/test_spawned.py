@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bdsgd.stages.engine import spawned
 
 ROOT = Path(__file__).resolve().parents[3]
 KEEP: list = []  # what a child's target leaves for the interpreter's finalisation
@@ -73,3 +75,22 @@ def test_an_engine_worker_keeps_the_exit_status_a_spawned_process_has(tmp_path, 
     assert (tmp_path / "atexit").exists()
     usual = run_spawned(tmp_path, end, exit_at_once=False)
     assert usual.returncode == code and stderr in usual.stderr
+
+
+@pytest.mark.parametrize(("end", "code"), [("return", 0), ("exit3", 3), ("error", 1)])
+def test_a_spawned_process_reports_the_same_exitcode_either_way(tmp_path, end, code):
+    """Started as the engine starts its workers (multiprocessing, spawn): ``Process.exitcode``
+    is what multiprocessing itself gives, with and without ``exit_at_once``."""
+    ctx = multiprocessing.get_context("spawn")
+    spec = pickle.dumps({"dir": str(tmp_path), "end": end})
+    for exit_at_once in (True, False):
+        proc = ctx.Process(target=spawned.run, args=("tests.stages.engine.test_spawned:child", spec),
+                           kwargs={"exit_at_once": exit_at_once}, daemon=True)  # fmt: skip
+        proc.start()
+        try:
+            proc.join(120)
+            assert proc.exitcode == code, (exit_at_once, proc.exitcode)
+        finally:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
