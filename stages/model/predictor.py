@@ -408,7 +408,7 @@ class Arrivals:
             return pick, u < p_jump[pick]
         calm = np.exp(seen[:, 0] - mixed)  # (P, hosts): P(calm), then P(calm or jumped)
         calm_or_jumped = np.exp(seen[:, 1] - mixed)
-        calm_or_jumped += calm  # per draw, then picked: P rows, not S (16 against 32)
+        calm_or_jumped += calm  # per draw (P rows), then picked (S rows)
         state = (u >= calm[pick]).astype(np.int32)
         state += u >= calm_or_jumped[pick]
         return pick, state

@@ -40,7 +40,6 @@ def child(spec: dict) -> None:
 def run_spawned(tmp_path: Path, end: str, exit_at_once: bool) -> subprocess.CompletedProcess:
     spec = pickle.dumps({"dir": str(tmp_path), "end": end})
     code = (
-        "import sys\n"
         "from bdsgd.stages.engine import spawned\n"
         f"spawned.run('tests.stages.engine.test_spawned:child', {spec!r}, {exit_at_once})\n"
     )
@@ -51,7 +50,8 @@ def run_spawned(tmp_path: Path, end: str, exit_at_once: bool) -> subprocess.Comp
 
 def test_an_engine_worker_exits_without_the_interpreters_finalisation(tmp_path):
     """Its streams are flushed and its exit functions run, but what the finalisation would
-    collect is left alone: a gloo group's destructor there once waited out the engine's grace.
+    collect is left alone: the last garbage collection there once held a worker past the
+    engine's grace.
     The default (a training loop's rank, the user's code) finalises as Python does."""
     out = run_spawned(tmp_path, "return", exit_at_once=True)
     assert out.returncode == 0, out.stderr
