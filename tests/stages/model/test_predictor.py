@@ -10,6 +10,7 @@ from bdsgd.stages.model.checkpoint import Checkpoint, Vocab, save_checkpoint
 from bdsgd.stages.model.data import Normaliser
 from bdsgd.stages.model.predictor import (
     LEVEL_T_CLIP,
+    Arrivals,
     float32_at_least,
     load_predictor,
     log_ndtr32,
@@ -353,3 +354,27 @@ def test_the_online_shift_moves_every_draw_by_its_factor(checkpoint_path):
         pred.online.log_shift = shift
         draws.append(pred.sample(32))
     torch.testing.assert_close(draws[1], draws[0] * np.exp(0.2), rtol=1e-5, atol=0.0)
+
+
+def test_the_three_state_host_draw_follows_each_picked_draws_posterior():
+    """``Arrivals.draw_hosts`` with host drops (calm, jumped, dropped): each sample's host
+    states are drawn from the posterior of the draw of z it picked. Two draws of equal weight,
+    two hosts waited on, each with its own known state probabilities."""
+    probs = np.array([[[0.6, 0.1], [0.3, 0.1], [0.1, 0.8]],  # draw 0: (K states, hosts)
+                      [[0.1, 0.2], [0.1, 0.7], [0.8, 0.1]]])  # draw 1  # fmt: skip
+    arr = object.__new__(Arrivals)
+    arr.rng = np.random.default_rng(0)
+    arr.num_samples, arr.num_states, arr.num_hosts = 20_000, 3, 2
+    arr.log_states = np.zeros((3, 2))
+    arr.mixed, arr.mixed_sum = np.zeros((2, 2)), np.zeros(2)
+    arr.arrived_terms = lambda y, arrived: np.log(probs)  # (P, K, hosts): normalised per host
+    out = np.zeros((2, 2, 3))  # (P, waiting workers, K): nothing said by who is still out
+    pick, state = arr.draw_hosts(None, None, np.array([0, 1]), np.array([0, 1]), out)
+    assert state.shape == (20_000, 2) and set(np.unique(state)) <= {0, 1, 2}
+    for p in (0, 1):
+        mine = state[pick == p]
+        assert abs(len(mine) / 20_000 - 0.5) < 0.02  # equal weights: picked half the time each
+        for h in (0, 1):
+            share = np.bincount(mine[:, h], minlength=3) / len(mine)
+            sd = np.sqrt(probs[p, :, h] * (1 - probs[p, :, h]) / len(mine))
+            assert np.all(np.abs(share - probs[p, :, h]) < 5 * sd + 1e-9), (p, h, share)
