@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
 from pathlib import Path
 
 from bdsgd.stages.errors import ConfigError
 
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+PATHS = ("checkpoint", "traces", "out")  # fields that take a str or an os.PathLike
 ADAM_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adafactor", "Adagrad", "RMSprop")
 
 
@@ -70,6 +73,9 @@ class LoopConfig:
     observations of the tail)."""
 
     def __post_init__(self) -> None:
+        for field in fields(self):
+            kind = "path | None" if field.name in PATHS else field.type
+            check_type(field.name, getattr(self, field.name), kind)
         if self.micro_batches < 1:
             raise ConfigError(f"micro_batches must be at least 1, got {self.micro_batches}")
         if self.lr_scaling not in LR_SCALINGS:
@@ -95,6 +101,35 @@ class LoopConfig:
     @property
     def out_path(self) -> Path | None:
         return None if self.out is None else Path(self.out)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+# each field's annotation: whether a value fits it, and what it takes (the error's words)
+KINDS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a string or None"),
+    "path | None": (lambda v: v is None or isinstance(v, str | os.PathLike), "a path or None"),
+    "int": (_is_int, "an integer"),
+    "float": (_is_number, "a number"),
+    "float | None": (lambda v: v is None or _is_number(v), "a number or None"),
+    "bool": (lambda v: isinstance(v, bool), "True or False"),
+    "bool | None": (lambda v: v is None or isinstance(v, bool), "True, False or None"),
+}
+
+
+def check_type(name: str, value, annotation: str) -> None:
+    """A one-line ConfigError unless ``value`` fits the field's annotation (before the checks of
+    its value, which would fail on another type with an error of their own)."""
+    fits, takes = KINDS[annotation]
+    if not fits(value):
+        raise ConfigError(f"{name} must be {takes}, got {value!r} ({type(value).__name__})")
 
 
 def source_of(policy: str) -> str:

@@ -79,6 +79,7 @@ class LoopCoordinator:
         self.rows_added = 0
         self.replayed = 0  # a resumed run: iterations of its traces fed to the policy
         self.error: BaseException | None = None
+        self.abandoned = False  # close() of a broken loop: the iteration watched never ends
         self.lock = threading.Lock()
         self.janitor = KeyJanitor(self.c10d)
         self.thread = threading.Thread(target=self._run, name="bdsgd-coordinator", daemon=True)
@@ -129,7 +130,11 @@ class LoopCoordinator:
         if self.cfg.out is not None:
             self._write_run_dir(through, final=False)
 
-    def close(self, through: int) -> dict:
+    def close(self, through: int, broken: bool = False) -> dict:
+        """Write what is left and end the thread. ``broken``: the iteration ``through`` began
+        but its ranks never arrive; the thread leaves it at its next look (unwritten) and the
+        run directory stays incomplete."""
+        self.abandoned = broken
         self.record(through)
         self.begins.put(None)
         if self.thread.ident is not None:  # (started: the run had an iteration)
@@ -139,7 +144,7 @@ class LoopCoordinator:
             self.writer.close(self.cfg.timeout_s)
         summary = self.summary()
         if self.cfg.out is not None:
-            self._write_run_dir(through, final=True)
+            self._write_run_dir(through, final=not broken)
         return summary
 
     # -- the thread -----------------------------------------------------------------------------
@@ -155,6 +160,8 @@ class LoopCoordinator:
         self.standing.begin()
         self._stand(t)  # the rank holding ticket c cuts
         seen = self._watch(t, began)
+        if self.abandoned:
+            return
         admitted = self._cut(t)
         reports = seen + self._reports(t, len(seen) + 1, admitted)
         for rep in reports[len(seen) :]:  # (after the cut: admitted, nothing left to revise)
@@ -195,7 +202,11 @@ class LoopCoordinator:
         ends at the next arrival or at the online policy's next tick, whichever comes first."""
         seen: list[WorkerReport] = []
         deadline = time.monotonic() + self.cfg.timeout_s
-        while len(seen) < self.world and (left := deadline - time.monotonic()) > 0:
+        while (
+            not self.abandoned
+            and len(seen) < self.world
+            and (left := deadline - time.monotonic()) > 0
+        ):
             key = P.arrival_key(t, len(seen) + 1)
             if P.wait_key(self.c10d, key, self._wait_s(began, left)):
                 first, (taken, closed) = len(seen) + 1, self._taken(t)

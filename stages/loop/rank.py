@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.worker_report import WorkerReport
-from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
+from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError, first_line
 from bdsgd.stages.ids import new_run_id
 from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule, source_of
 from bdsgd.stages.loop.group_exit import release_default_group
@@ -91,6 +91,7 @@ class Cutoff:
         optimizer: torch.optim.Optimizer | None = None,
         **options,
     ) -> None:
+        _check_arguments(model, config, optimizer)
         if config is not None and options:
             raise ConfigError("pass either a LoopConfig or keyword options, not both")
         self.cfg = cfg = config or LoopConfig(**options)
@@ -131,16 +132,20 @@ class Cutoff:
         broadcast_module(model, src=0)
         dist.barrier()
         self.t0: float | None = None  # the first iteration's start: the run's clock starts there
+        self.broken: str | None = None  # an iteration ended in an error: what it was (Iteration)
+        self.closed = False
 
     # -- the loop -------------------------------------------------------------------------------
     def iteration(self) -> Iteration:
         """The next iteration: ``with cut.iteration() as it:`` around its micro-batches; the
         gradients are all-reduced over the admitted samples when the block ends."""
+        self._usable()
         return Iteration(self, self.t)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` with every group's learning rate scaled for the admitted share
         of the samples (``lr_scaling``), then restored, so an LR scheduler keeps its own."""
+        self._usable()
         if self.rule is None:
             self.rule = lr_rule(self.cfg.lr_scaling, type(optimizer).__name__)
         factor = lr_factor(self.rule, self.last.share) if self.last is not None else 1.0
@@ -174,6 +179,7 @@ class Cutoff:
         iteration) atomically to ``path`` (default ``<out>/checkpoint.pt``); the trace rows and
         the iteration log through the last iteration are written first, so a resumed run
         neither repeats nor misses one. Every rank calls it (it ends with a barrier)."""
+        self._usable()
         target = self._checkpoint_path(path)
         if self.coordinator is not None:
             self.coordinator.record(self.t)
@@ -196,16 +202,15 @@ class Cutoff:
     def resume(self, optimizer=None, scheduler=None, path: str | os.PathLike | None = None) -> int:
         """Load the checkpoint at ``path`` (default ``<out>/checkpoint.pt``) if it exists, on
         every rank (``weights_only``: loading runs no code); returns the iteration to continue
-        from (0 without one)."""
+        from (0 without one). Every rank calls it: the ranks compare what each found, and
+        unless all found the same (each its own file system) every rank raises the same
+        :class:`CheckpointError`, before any loads."""
+        self._usable()
         target = self._checkpoint_path(path)
-        if not target.is_file():
+        state, found = self._read_checkpoint(target)
+        agree_on_checkpoint(_gather(found))
+        if state is None:
             return 0
-        state = load_state(target)
-        if state.get("world_size") != self.world:
-            raise CheckpointError(
-                f"{target} was written by a {state.get('world_size')}-rank job, this one has "
-                f"{self.world}"
-            )
         self.model.load_state_dict(state["model"])
         if optimizer is not None and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
@@ -218,10 +223,15 @@ class Cutoff:
 
     def close(self) -> dict | None:
         """End the run: the coordinator writes what is left (trace rows, the run directory)
-        and returns the summary on its rank (None elsewhere). Every rank calls it."""
+        and returns the summary on its rank (None elsewhere). Every rank calls it; a second
+        call returns None. A broken Cutoff (an iteration ended in an error) writes the
+        iterations before that one and leaves its run directory incomplete."""
+        if self.closed:
+            return None
+        self.closed = True
         summary = None
         if self.coordinator is not None:
-            summary = self.coordinator.close(self.t)
+            summary = self.coordinator.close(self.t, broken=self.broken is not None)
             for slow in summary["slow_ranks"]:
                 print(f"bdsgd: rank {slow['rank']} on {slow['host']} is persistently slow: median "
                       f"{slow['median_s'] * 1e3:.1f} ms, {slow['ratio']:.2f}x the ranks' median, "
@@ -232,6 +242,31 @@ class Cutoff:
         return summary
 
     # -- internals ------------------------------------------------------------------------------
+    def _usable(self) -> None:
+        """A one-line error for a call on a closed or broken Cutoff (its ranks and coordinator
+        no longer meet: the call would wait out ``timeout_s``)."""
+        if self.closed:
+            raise BdsgdError("this Cutoff is closed")
+        if self.broken is not None:
+            raise BdsgdError(f"{self.broken}: this Cutoff cannot continue; restart the job and "
+                             "resume from its last checkpoint (cut.resume)")  # fmt: skip
+
+    def _read_checkpoint(self, target: Path) -> tuple[dict | None, int | str | None]:
+        """This rank's checkpoint at ``target`` and what it found there: the next iteration,
+        None (no file) or the one-line reason it cannot be loaded."""
+        if not target.exists():
+            return None, None
+        try:
+            if not target.is_file():
+                raise CheckpointError(f"{target} is not a file: resume takes a checkpoint file")
+            state = load_state(target)
+            if state.get("world_size") != self.world:
+                raise CheckpointError(f"{target} was written by a {state.get('world_size')}-rank "
+                                      f"job, this one has {self.world}")  # fmt: skip
+            return state, int(state["next_iteration"])
+        except BdsgdError as exc:
+            return None, first_line(exc)
+
     def _checkpoint_path(self, path) -> Path:
         if path is not None:
             return Path(path)
@@ -382,8 +417,10 @@ class Iteration:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
-        if kind is not None:
-            return  # the user's error ends the job as it would without bdsgd
+        if kind is not None:  # the user's error goes on as it would without bdsgd; the ranks
+            # skipped this iteration's all-reduce, and its coordinator waits for them
+            self.cut.broken = f"iteration {self.t} ended in {kind.__name__}"
+            return
         cut = self.cut
         if self.current:  # the loop over micro-batches was left with a break
             self._finish_micro_batch()
@@ -550,6 +587,52 @@ def load_state(path: Path) -> dict:
     if state.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path} is not a bdsgd loop checkpoint (version 1)")
     return state
+
+
+def agree_on_checkpoint(found: list) -> None:
+    """Raise on every rank unless every rank found the same checkpoint (``found``: each rank's
+    next iteration, None for no file, or why its file cannot be loaded)."""
+    if all(f == found[0] for f in found):
+        if isinstance(found[0], str):
+            raise CheckpointError(found[0])
+        return
+    by_value: dict = {}
+    for rank, value in enumerate(found):
+        by_value.setdefault(value, []).append(rank)
+    each = "; ".join(f"{_ranks(ranks)}: {_found(value)}" for value, ranks in by_value.items())
+    raise CheckpointError(f"resume found different checkpoints on the ranks ({each}): every rank "
+                          "must read the same checkpoint file (a shared filesystem)")  # fmt: skip
+
+
+def _found(value) -> str:
+    return "none" if value is None else f"iteration {value}" if isinstance(value, int) else value
+
+
+def _ranks(ranks: list[int], shown: int = 8) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    more = f", ... ({len(ranks)} ranks)" if len(ranks) > shown else ""
+    return "ranks " + ", ".join(map(str, ranks[:shown])) + more
+
+
+def _check_arguments(model, config, optimizer) -> None:
+    """One-line errors for arguments of the wrong kind (``Cutoff(optimizer)``, a policy
+    name given as the config)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"Cutoff's first argument must be the model (a torch.nn.Module), got "
+                          f"{type(model).__name__}")  # fmt: skip
+    if config is not None and not isinstance(config, LoopConfig):
+        raise ConfigError(f"config must be a bdsgd.LoopConfig or None, got {type(config).__name__}"
+                          " (options go as keywords: Cutoff(model, policy=...))")  # fmt: skip
+    if optimizer is not None and not _optimizer_like(optimizer):
+        raise ConfigError(f"optimizer must be a torch.optim.Optimizer or None, got "
+                          f"{type(optimizer).__name__}")  # fmt: skip
+
+
+def _optimizer_like(optimizer) -> bool:
+    """A torch optimizer, or a wrapper that acts as one (its ``param_groups`` and ``step``): the
+    lr scaling needs no more."""
+    return hasattr(optimizer, "param_groups") and callable(getattr(optimizer, "step", None))
 
 
 def _scaled(lr, factor: float):

@@ -202,11 +202,27 @@ def test_lr_scaling_defaults_by_optimizer_family():
         (dict(lr_scaling="cubic"), "lr_scaling"),
         (dict(policy="k-async:2"), "asynchronous"),
         (dict(timeout_s=float("nan")), "timeout_s"),
+        (dict(policy=123), "policy must be a string, got 123 [(]int[)]"),
+        (dict(micro_batches="4"), "micro_batches must be an integer, got '4' [(]str[)]"),
+        (dict(micro_batches=2.5), "micro_batches must be an integer, got 2.5"),
+        (dict(micro_batches=True), "micro_batches must be an integer, got True"),
+        (dict(timeout_s="300"), "timeout_s must be a number, got '300'"),
+        (dict(salvage="no"), "salvage must be True or False, got 'no'"),
+        (dict(cut_relay="off"), "cut_relay must be True, False or None, got 'off'"),
+        (dict(target_loss="low"), "target_loss must be a number or None"),
+        (dict(out=3), "out must be a path or None, got 3"),
     ],
 )
 def test_loop_config_refuses_bad_options_in_one_line(options, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as raised:
         LoopConfig(**options)
+    assert "\n" not in str(raised.value)
+
+
+def test_loop_config_takes_ints_for_numbers_and_paths_for_directories(tmp_path):
+    cfg = LoopConfig(timeout_s=60, time_scale=2, overhead_s=0, explore=0, target_loss=1,
+                     micro_batches=np.int64(4), out=tmp_path, traces=str(tmp_path), cut_relay=False)  # fmt: skip
+    assert cfg.micro_batches == 4 and cfg.out_path == tmp_path
 
 
 def test_cutoff_without_a_process_group_says_what_to_call():
@@ -214,6 +230,18 @@ def test_cutoff_without_a_process_group_says_what_to_call():
 
     with pytest.raises(ConfigError, match="init_process_group"):
         bdsgd.Cutoff(torch.nn.Linear(2, 2))
+
+
+def test_cutoff_given_an_optimizer_or_a_policy_name_says_what_it_takes():
+    import bdsgd
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="first argument must be the model .* got SGD"):
+        bdsgd.Cutoff(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ConfigError, match="config must be a bdsgd.LoopConfig or None, got str"):
+        bdsgd.Cutoff(model, "static:3")
+    with pytest.raises(ConfigError, match="optimizer must be a torch.optim.Optimizer"):
+        bdsgd.Cutoff(model, optimizer="adamw")
 
 
 def test_a_foreign_file_is_not_loaded_as_a_checkpoint(tmp_path):
