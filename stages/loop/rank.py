@@ -421,6 +421,15 @@ class Iteration:
             # skipped this iteration's all-reduce, and its coordinator waits for them
             self.cut.broken = f"iteration {self.t} ended in {kind.__name__}"
             return
+        try:
+            self._end()
+        except BaseException as error:  # (bdsgd's own, a micro-batch without it.backward: the
+            # ranks may be apart as well)
+            self.cut.broken = f"iteration {self.t} ended in {type(error).__name__}"
+            raise
+
+    def _end(self) -> None:
+        """The iteration's all-reduce over the admitted samples, and its report."""
         cut = self.cut
         if self.current:  # the loop over micro-batches was left with a break
             self._finish_micro_batch()

@@ -64,6 +64,20 @@ def broken(cut, model, opt, sched, work: Path, rank: int) -> dict:
     return {**seen, **after_close(cut, model, opt, sched)}
 
 
+def unbacked(cut, model, opt, sched, work: Path, rank: int) -> dict:
+    """A loop that leaves its micro-batches with a break before it.backward: bdsgd's own error,
+    raised as the iteration ends, which the loop catches."""
+    one_iteration(cut, model, opt)
+    try:
+        with cut.iteration() as it:
+            for _ in it.micro_batches(torch.randn(4, 8)):
+                break
+    except bdsgd.BdsgdError as exc:
+        ended = f"{type(exc).__name__}: {exc}"
+    seen = {"ended": ended, "iteration": outcome(cut.iteration)}
+    return {**seen, **after_close(cut, model, opt, sched)}
+
+
 def after_close(cut, model, opt, sched) -> dict:
     return {"close": outcome(lambda: "summary" if cut.close() is not None else None),
             "close_again": outcome(cut.close), "iteration_after_close": outcome(cut.iteration),
@@ -73,7 +87,7 @@ def after_close(cut, model, opt, sched) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", choices=["resume", "broken"], required=True)
+    ap.add_argument("--scenario", choices=["resume", "broken", "unbacked"], required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--result", required=True)
     args = ap.parse_args()
@@ -83,7 +97,7 @@ def main() -> None:
     model, opt, sched = setup()
     cut = bdsgd.Cutoff(model, policy="full", micro_batches=2, timeout_s=TIMEOUT_S,
                        out=str(Path(args.work) / "run"))  # fmt: skip
-    scenario = {"resume": resume, "broken": broken}[args.scenario]
+    scenario = {"resume": resume, "broken": broken, "unbacked": unbacked}[args.scenario]
     seen = scenario(cut, model, opt, sched, Path(args.work), rank)
     dist.destroy_process_group()
     os.makedirs(args.result, exist_ok=True)

@@ -61,3 +61,16 @@ def test_an_error_inside_an_iteration_breaks_the_cutoff_and_close_still_ends_it(
                                "checkpoint (cut.resume)"), call  # fmt: skip
         assert s["close"].startswith("ok ")
         closed_calls_refused(s)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_error_as_an_iteration_ends_breaks_the_cutoff_too(tmp_path):
+    """The loop leaves its micro-batches before it.backward: bdsgd's error as the iteration
+    ends (no all-reduce) breaks the Cutoff as an error inside it does, naming it."""
+    for s in run(tmp_path, "unbacked"):
+        assert s["ended"].startswith("BdsgdError: a micro-batch ended without it.backward")
+        assert s["iteration"].startswith("BdsgdError: iteration 1 ended in BdsgdError: this "
+                                         "Cutoff cannot continue")  # fmt: skip
+        assert s["close"].startswith("ok ")
+        closed_calls_refused(s)
