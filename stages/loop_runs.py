@@ -134,10 +134,7 @@ def resumable(cfg) -> dict:
     path = cfg.out / CHECKPOINT
     if not path.is_file():
         raise CheckpointError(f"{cfg.out} has no {CHECKPOINT}: nothing to resume")
-    state = load_state(path)
-    if state.get("world_size") != cfg.workers:
-        raise CheckpointError(f"{path} holds a {state.get('world_size')}-rank run, the config "
-                              f"says {cfg.workers}")  # fmt: skip
+    state = load_state(path, cfg.workers)
     if cfg.run_id is not None and state.get("run_id") != cfg.run_id:
         raise CheckpointError(f"{path} belongs to run {state.get('run_id')}, not {cfg.run_id}")
     if int(state["next_iteration"]) >= cfg.iterations:

@@ -259,10 +259,7 @@ class Cutoff:
         try:
             if not target.is_file():
                 raise CheckpointError(f"{target} is not a file: resume takes a checkpoint file")
-            state = load_state(target)
-            if state.get("world_size") != self.world:
-                raise CheckpointError(f"{target} was written by a {state.get('world_size')}-rank "
-                                      f"job, this one has {self.world}")  # fmt: skip
+            state = load_state(target, self.world)
             return state, int(state["next_iteration"])
         except BdsgdError as exc:
             return None, first_line(exc)
@@ -590,11 +587,15 @@ def broadcast_module(model: torch.nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
-def load_state(path: Path) -> dict:
-    """A checkpoint written by :meth:`Cutoff.save` (``weights_only``: loading runs no code)."""
+def load_state(path: Path, world: int | None = None) -> dict:
+    """A checkpoint written by :meth:`Cutoff.save` (``weights_only``: loading runs no code);
+    with ``world``, one of a job of that many ranks."""
     state = load_plain(path, "bdsgd loop checkpoint")
     if state.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path} is not a bdsgd loop checkpoint (version 1)")
+    if world is not None and state.get("world_size") != world:
+        raise CheckpointError(f"{path} was written by a {state.get('world_size')}-rank job, "
+                              f"this one has {world}")  # fmt: skip
     return state
 
 
