@@ -11,7 +11,6 @@ from pathlib import Path
 from bdsgd.stages.errors import ConfigError
 
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
-PATHS = ("checkpoint", "traces", "out")  # fields that take a str or an os.PathLike
 ADAM_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adafactor", "Adagrad", "RMSprop")
 
 
@@ -22,11 +21,11 @@ class LoopConfig:
     policy: str = "full"
     """Cutoff policy (SPEC names: ``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``,
     ``bdsgd``, ``bdsgd:fixed``, ...). ``full`` cuts nothing and only measures."""
-    checkpoint: str | None = None
+    checkpoint: str | os.PathLike | None = None
     """Fitted run-time model (``bdsgd fit``), needed by ``bdsgd`` policies."""
-    traces: str | None = None
+    traces: str | os.PathLike | None = None
     """Trace store (schema v1) the run appends its rows to; None writes none."""
-    out: str | None = None
+    out: str | os.PathLike | None = None
     """Run directory (summary.json, iterations.parquet, checkpoint.pt) that ``bdsgd report``
     reads; None writes none."""
     micro_batches: int = 1
@@ -74,8 +73,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         for field in fields(self):
-            kind = "path | None" if field.name in PATHS else field.type
-            check_type(field.name, getattr(self, field.name), kind)
+            check_type(field.name, getattr(self, field.name), field.type)
         if self.micro_batches < 1:
             raise ConfigError(f"micro_batches must be at least 1, got {self.micro_batches}")
         if self.lr_scaling not in LR_SCALINGS:
@@ -115,7 +113,10 @@ def _is_number(value) -> bool:
 KINDS = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "str | None": (lambda v: v is None or isinstance(v, str), "a string or None"),
-    "path | None": (lambda v: v is None or isinstance(v, str | os.PathLike), "a path or None"),
+    "str | os.PathLike | None": (
+        lambda v: v is None or isinstance(v, str | os.PathLike),
+        "a path or None",
+    ),
     "int": (_is_int, "an integer"),
     "float": (_is_number, "a number"),
     "float | None": (lambda v: v is None or _is_number(v), "a number or None"),

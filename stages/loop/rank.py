@@ -414,16 +414,20 @@ class Iteration:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
-        if kind is not None:  # the user's error goes on as it would without bdsgd; the ranks
-            # skipped this iteration's all-reduce, and its coordinator waits for them
-            self.cut.broken = f"iteration {self.t} ended in {kind.__name__}"
+        # an error in the block (the user's: it goes on as it would without bdsgd) or as it ends
+        # (bdsgd's own, a micro-batch without it.backward): the ranks skipped this iteration's
+        # all-reduce, and its coordinator waits for them, so the Cutoff cannot go on
+        if kind is not None:
+            self._break(kind)
             return
         try:
             self._end()
-        except BaseException as error:  # (bdsgd's own, a micro-batch without it.backward: the
-            # ranks may be apart as well)
-            self.cut.broken = f"iteration {self.t} ended in {type(error).__name__}"
+        except BaseException as error:
+            self._break(type(error))
             raise
+
+    def _break(self, kind: type[BaseException]) -> None:
+        self.cut.broken = f"iteration {self.t} ended in {kind.__name__}"
 
     def _end(self) -> None:
         """The iteration's all-reduce over the admitted samples, and its report."""
