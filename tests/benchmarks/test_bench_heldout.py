@@ -5,14 +5,17 @@ from __future__ import annotations
 import numpy as np
 from bdsgd.stages.model.checkpoint import load_checkpoint
 from bdsgd.stages.model.data import NUM_FEATURES
+from bdsgd.stages.model.evaluate import PitCollector
 from bdsgd.stages.store import TraceStore
 
 from benchmarks.bench_heldout import (
     CLUSTERS,
     Flags,
+    RunPits,
     ar_rack_cluster,
     fit_cluster,
     host_options,
+    mean_pits,
     throttle_cluster,
     write_store,
 )
@@ -91,3 +94,19 @@ def test_a_row_says_which_host_options_its_model_has_and_whether_a_refit_chose_t
     assert host_options({"model": {"host_drops": True, "host_regime": False}}) == "drops"
     assert host_options({"model": {"host_drops": False}, "auto_host": {"kept": False}}) == "-"
     assert host_options({}) == "-"  # saved before fit reported its model
+
+
+def test_run_pits_set_each_runs_first_iteration_apart():
+    """A run's first iteration goes to the whole calibration only, its later ones to both,
+    and each of its first iterations to its own position; a second run starts at position 0."""
+    whole, seen, at = PitCollector(), PitCollector(), [PitCollector(), PitCollector()]
+    draws = np.tile(np.arange(1.0, 11.0)[:, None], (1, 4))  # 10 draws per worker: 1..10
+    cens, present = np.zeros(4, bool), np.ones(4, bool)
+    for _ in range(2):
+        pits = RunPits(whole, seen, at)
+        for value in (10.5, 0.5, 5.5):  # PIT 1, then 0, then 0.5, for every worker
+            pits.add(draws, np.full(4, value), cens, present)
+    assert len(whole.runtime) == 6 and len(seen.runtime) == 4
+    assert mean_pits(at[0])[0] == 1.0 and mean_pits(at[1])[0] == 0.0
+    assert mean_pits(seen)[0] == 0.25
+    assert mean_pits(PitCollector()) == (None, None)

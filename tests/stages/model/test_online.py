@@ -7,6 +7,8 @@ import dataclasses
 import numpy as np
 from bdsgd.stages.model.checkpoint import load_checkpoint
 from bdsgd.stages.model.online import (
+    LEVEL_BOOST,
+    LEVEL_DECAY,
     LEVEL_STEP,
     STEP,
     TAIL,
@@ -51,18 +53,37 @@ def test_a_miss_moves_up_by_nine_times_what_a_hit_moves_down():
     assert np.isclose(online.log_factor, STEP * (1 - 4 * TAIL))
 
 
-def test_x_c_that_keeps_falling_above_the_draws_moves_them_up_until_it_sits_among_them():
-    rng = np.random.default_rng(3)
-    online, pits = OnlineSpread(), []
-    for _ in range(120):  # the cluster runs 20% slower than the draws say (spread 0.05)
+def pits_of_a_slow_cluster(online: OnlineSpread, seed: int = 3) -> list[float]:
+    """x_(c)'s PITs over 120 iterations of a cluster 20% slower than the draws say (spread
+    0.05), the draws moved by ``online``'s shift."""
+    rng, pits = np.random.default_rng(seed), []
+    for _ in range(120):
         online.drawn(normal_draws(rng, 0.05) * np.exp(online.log_shift))
         x = shown(rng, 0.05) * 1.2
         c, predicted, seen = order_statistic_at_cut(online.draws, x, np.zeros(8, bool),
                                                     np.ones(8, bool))  # fmt: skip
         pits.append(float((predicted < seen).mean()))
         online.update(x, np.zeros(8, bool))
+    return pits
+
+
+def test_x_c_that_keeps_falling_above_the_draws_moves_them_up_until_it_sits_among_them():
+    online = OnlineSpread()
+    pits = pits_of_a_slow_cluster(online)
     assert 0.12 < online.log_shift < 0.25  # log 1.2 = 0.18
-    assert np.mean(pits[:10]) > 0.9 and 0.3 < np.mean(pits[-40:]) < 0.7
+    assert np.mean(pits[:3]) > 0.9 and 0.3 < np.mean(pits[-40:]) < 0.7
+
+
+def test_the_shift_moves_faster_at_a_runs_start_than_the_constant_step_alone():
+    """The decaying boost takes a run's offset out in fewer iterations, then the step is the
+    constant one again."""
+    boosted, constant = OnlineSpread(), OnlineSpread(level_boost=0.0)
+    fast, slow = pits_of_a_slow_cluster(boosted), pits_of_a_slow_cluster(constant)
+    assert np.mean(fast[:20]) < np.mean(slow[:20]) - 0.1  # 0.69 against 0.87
+    assert abs(np.mean(fast[-40:]) - np.mean(slow[-40:])) < 0.1
+    assert boosted.moves == constant.moves == 120
+    assert np.isclose(boosted.shift_step, LEVEL_STEP, atol=1e-5)
+    assert constant.shift_step == LEVEL_STEP
 
 
 def test_the_shift_moves_by_its_step_times_the_spread_times_2u_minus_1():
@@ -71,7 +92,8 @@ def test_the_shift_moves_by_its_step_times_the_spread_times_2u_minus_1():
     online.drawn(draws)
     online.update(np.full(8, 50.0), np.zeros(8, bool))  # above every draw: u = 1
     c, predicted, _ = order_statistic_at_cut(draws, draws[0], np.zeros(8, bool), np.ones(8, bool))
-    assert np.isclose(online.log_shift, LEVEL_STEP * np.log(predicted).std())
+    assert np.isclose(online.log_shift, (LEVEL_STEP + LEVEL_BOOST) * np.log(predicted).std())
+    assert np.isclose(online.shift_step, LEVEL_STEP + LEVEL_BOOST * LEVEL_DECAY)
 
 
 def test_x_c_drawn_from_the_predictive_leaves_the_shift_near_zero():
