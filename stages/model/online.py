@@ -33,9 +33,10 @@ The step is ``LEVEL_STEP + LEVEL_BOOST * LEVEL_DECAY^k`` at the shift's k-th mov
 knows nothing of the run's offset, and what the filter carries of a run's start fades as its
 slow EWMA forgets it (weight ``0.9^t``, :data:`bdsgd.stages.model.data.ALPHA_SLOW`), so the
 step decays at that rate to the constant one, which tracks a cluster that drifts. With the
-constant step alone, one fit of the level clusters left x_(c) too slow for iterations 3-9 of
-every replayed run (mean PIT 0.11-0.42) and its KS over the runs at 0.061; with the decaying
-one, 0.038 (docs/benchmarks.md, "The online shift's step at a run's start").
+constant step alone, one fit of the level clusters (seed 2) left x_(c) too slow at iterations
+3-9 (its mean PIT over the 24 replayed runs 0.11-0.42) and its KS after the runs' first
+iteration at 0.061; with the decaying one, 0.038 (docs/benchmarks.md, "The online shift's step
+fades from a run's start").
 """
 
 from __future__ import annotations
