@@ -417,8 +417,7 @@ def replay_scores(ckpt, runs: list[RunMatrix], samples: int = 256) -> dict:
 
 def mean_pits(pits: PitCollector) -> tuple[float | None, float | None]:
     """The mean PIT of the run-times and of x_(c) that ``pits`` holds (None: none held)."""
-    runtime = np.concatenate(pits.runtime) if pits.runtime else np.zeros(0)
-    return tuple(float(np.mean(u)) if len(u) else None for u in (runtime, pits.order))
+    return tuple(float(np.mean(u)) if len(u) else None for u in pits.values())
 
 
 JUDGED = ("full", "elfving", "ecdf", "ewma")  # with the best static: the peers bdsgd must match

@@ -205,12 +205,16 @@ class PitCollector:
             self.order.append(float((predicted < seen).mean()))
             self.cutoffs.append(c)
 
+    def values(self) -> tuple[np.ndarray, np.ndarray]:
+        """The PIT values held: of the run-times (every iteration's, in one array) and of x_(c)."""
+        runtime = np.concatenate(self.runtime) if self.runtime else np.zeros(0)
+        return runtime, np.asarray(self.order)
+
     def summary(self) -> dict:
         """Coverage of the central 90% interval, the PIT histogram (10 equal bins, shares) and
         the largest gap between the PITs' distribution and the uniform, for run-times and for
         x_(c); the number of values behind each."""
-        runtime = np.concatenate(self.runtime) if self.runtime else np.zeros(0)
-        order = np.asarray(self.order)
+        runtime, order = self.values()
         out = {"central": CENTRAL}
         for name, u in (("runtime", runtime), ("order_stat", order)):
             out[name] = pit_summary(u)
