@@ -46,13 +46,12 @@ from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.estimators import EwmaLogNormal, WindowLogNormal
 from bdsgd.stages.goodput import gain
 from bdsgd.stages.policies.base import Policy, Predictor
+from bdsgd.stages.policy_names import OBJECTIVES, STOPPING
 from scipy.special import log_ndtr, ndtri, ndtri_exp
 
 QUANTILES = (0.1, 0.5, 0.9)
 
 
-OBJECTIVES = ("long-run", "iteration")
-STOPPING = ("online", "fixed")
 LOOKBACK = 12  # online: arrivals before the chosen c from which revise() weighs stopping
 MIN_MEASURED = 2  # :goodput: the fewest gradients that still measure the noise scale
 

@@ -21,8 +21,6 @@ from bdsgd.stages.errors import CheckpointError, ConfigError
 from bdsgd.stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.cutoff import (
-    OBJECTIVES,
-    STOPPING,
     BdsgdCutoff,
     EcdfCutoff,
     ElfvingCutoff,
@@ -33,25 +31,20 @@ from bdsgd.stages.policies.cutoff import (
 )
 from bdsgd.stages.policies.explore import Exploring
 from bdsgd.stages.policies.selfcheck import SelfChecking, record_needed
-
-SPECS = (
-    "full",
-    "static:C",
-    "elfving[:goodput]",
-    "ecdf[:goodput][:OBJECTIVE][:STOPPING]",
-    "ewma[:goodput][:OBJECTIVE][:STOPPING]",
-    "bdsgd[:goodput][:OBJECTIVE][:STOPPING][:unchecked]",
-    "k-batch-sync:K",
-    "k-async:K",
-    "async",
-    "adasync[:GRADIENTS]",
-    "oracle",
+from bdsgd.stages.policy_names import (
+    LEARNING,
+    MONTE_CARLO,
+    NEEDS_MODEL,
+    SPECS,  # noqa: F401 (bdsgd.stages.policies exports it)
+    UNCHECKED,
+    check_spec,
 )
+from bdsgd.stages.policy_names import count as _count
+from bdsgd.stages.policy_names import elfving_goodput as _elfving_goodput
+from bdsgd.stages.policy_names import monte_carlo_options as _monte_carlo_options
+from bdsgd.stages.policy_names import unknown as _unknown
+
 ADASYNC_DEFAULT_PERIOD = 100
-UNCHECKED = "unchecked"  # bdsgd without the self-check (bdsgd.stages.policies.selfcheck)
-MONTE_CARLO = ("ecdf", "ewma", "bdsgd")  # the policies that take an objective and a stopping rule
-LEARNING = ("elfving", *MONTE_CARLO)  # the policies that --explore and :goodput apply to
-GOODPUT = "goodput"
 
 
 def make_policy(
@@ -75,16 +68,8 @@ def make_policy(
     ``ecdf``, ``ewma``, ``bdsgd``) wait for every worker in that fraction of iterations (see
     ``bdsgd.stages.policies.explore``). Raises :class:`ConfigError` with a one-line message on a bad spec.
     """
-    if num_workers < 1:
-        raise ConfigError(f"need at least one worker, got {num_workers}")
-    kind, colon, arg = spec.strip().partition(":")
-    if GOODPUT in arg.split(":") and kind not in LEARNING:
-        raise ConfigError(
-            f"policy {spec!r}: :goodput applies to the dynamic cutoff policies "
-            f"({', '.join(LEARNING)}), not to {kind!r}"
-        )
-    if colon and kind not in ("static", "k-batch-sync", "k-async", "adasync", *LEARNING):
-        raise _unknown(spec)
+    check_spec(spec, num_workers)
+    kind, _, arg = spec.strip().partition(":")
     policy = _build(kind, arg, spec, num_workers, checkpoint, hosts, seed, iterations, num_samples)
     if explore > 0 and kind in LEARNING:
         policy = Exploring(policy, explore, seed=seed)
@@ -155,44 +140,6 @@ def with_self_check(own, num_workers: int, seed: int, num_samples: int, mc: dict
     return SelfChecking(own, peers, min_scored=record_needed(num_workers))
 
 
-def _count(arg: str, spec: str, limit: int | None) -> int:
-    """The integer after the colon, 1 <= value <= limit."""
-    try:
-        value = int(arg)
-    except ValueError:
-        raise ConfigError(f"policy {spec!r} needs a whole number after ':'") from None
-    if value < 1 or (limit is not None and value > limit):
-        bound = f"1..{limit}" if limit is not None else ">= 1"
-        raise ConfigError(f"policy {spec!r}: the number must be in {bound}")
-    return value
-
-
-def _monte_carlo_options(arg: str, spec: str, kind: str) -> dict:
-    """``goodput``, the objective and the stopping rule after the colons of
-    ``ecdf``/``ewma``/``bdsgd``, in any order (defaults: throughput, ``long-run``; ``online`` for
-    bdsgd, ``fixed`` for the others)."""
-    options: dict = {"objective": "long-run", "stopping": "online" if kind == "bdsgd" else "fixed"}
-    given: set[str] = set()
-    for word in filter(None, arg.split(":")):
-        key = "objective" if word in OBJECTIVES else "stopping" if word in STOPPING else None
-        key = GOODPUT if word == GOODPUT else key
-        if key is None or key in given:
-            raise ConfigError(
-                f"policy {spec!r}: options are {GOODPUT}, an objective ({', '.join(OBJECTIVES)}) "
-                f"and a stopping rule ({', '.join(STOPPING)}), at most one of each"
-            )
-        options[key] = True if key == GOODPUT else word
-        given.add(key)
-    return options
-
-
-def _elfving_goodput(arg: str, spec: str) -> bool:
-    """``elfving`` takes one option, ``goodput``."""
-    if arg not in ("", GOODPUT):
-        raise _unknown(spec)
-    return arg == GOODPUT
-
-
 def _adasync_period(num_workers: int, iterations: int | None) -> int:
     """Gradients between doublings of K: the ``iterations * num_workers`` gradients of a run are
     split into equal stages, the last one at K = N."""
@@ -204,7 +151,7 @@ def _adasync_period(num_workers: int, iterations: int | None) -> int:
 
 def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None, seed: int):
     if checkpoint is None:
-        raise ConfigError("policy 'bdsgd' needs a fitted model: pass --checkpoint FILE")
+        raise ConfigError(NEEDS_MODEL)
     from bdsgd.stages.model.checkpoint import load_checkpoint
     from bdsgd.stages.model.predictor import predictor_from
 
@@ -228,10 +175,6 @@ def check_same_cluster(known: tuple[str, ...], hosts: list[str] | None, checkpoi
         f"{checkpoint} was fitted on another cluster (hosts {names(known)}; this one has "
         f"{names(hosts)}): fit on this cluster's traces, e.g. bdsgd fit --init {checkpoint}"
     )
-
-
-def _unknown(spec: str) -> ConfigError:
-    return ConfigError(f"unknown policy {spec!r} (known: {', '.join(SPECS)})")
 
 
 def default_policy_specs(num_workers: int, with_checkpoint: bool) -> list[str]:
