@@ -7,12 +7,14 @@ import sys
 from pathlib import Path
 
 import click
-from bdsgd.stages.check_traces import QUARANTINE, CheckTracesConfig, check_traces
 
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
 
 EXIT_BAD_FILES = 1
+QUARANTINE = (
+    "quarantine"  # bdsgd.stages.check_traces's (not imported: the CLI loads without polars)
+)
 
 
 @click.command("check-traces")
@@ -30,6 +32,8 @@ def check_traces_cmd(traces: Path, repair: bool, json_out: bool) -> None:
     least one row, no row that another file holds too, no run whose iterations lie far apart.
     Lists each bad file and why; exits 1 if bad files remain in the store (0 once --repair moved
     them aside)."""
+    from bdsgd.stages.check_traces import CheckTracesConfig, check_traces
+
     result = check_traces(CheckTracesConfig(traces=traces, repair=repair))
     for path, why in result.bad.items():
         where = f" -> {result.moved[path]}" if path in result.moved else ""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import click
-from bdsgd.stages.importer import FORMATS, ImportConfig, run_import
 
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
+
+FORMATS = ("auto", "csv", "parquet")  # bdsgd.stages.importer's (the CLI loads without polars)
 
 
 def _col(flag: str, default: str | None, what: str) -> click.Option:
@@ -52,6 +53,8 @@ def import_cmd(
     json_out,
 ):
     """Import FILE (CSV or Parquet, one row per iteration and worker) into the trace store."""
+    from bdsgd.stages.importer import ImportConfig, run_import
+
     config = ImportConfig(
         path=file,
         traces=traces,

@@ -67,11 +67,12 @@ def _available(name: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.version_option(package_name="bdsgd")
 def cli() -> None:
     """bdsgd: learn your cluster's run-times and stop waiting for stragglers.
 
-    Typical loop: ``bdsgd profile`` -> ``bdsgd fit`` -> ``bdsgd simulate`` / ``bdsgd train``
-    -> ``bdsgd report``.
+    Typical loop: bdsgd profile -> bdsgd fit -> bdsgd simulate / bdsgd train -> bdsgd report.
     """

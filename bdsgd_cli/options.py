@@ -15,8 +15,12 @@ seed = click.option("--seed", type=int, default=0, show_default=True, help="Rand
 json_out = click.option(
     "--json", "json_out", is_flag=True, help="Print a JSON summary as the last line of stdout."
 )
-workers = click.option("--workers", type=int, required=True, help="Number of worker processes N.")
-iterations = click.option("--iterations", type=int, required=True, help="Iterations T to run.")
+workers = click.option(
+    "--workers", type=click.IntRange(min=1), required=True, help="Number of worker processes N."
+)
+iterations = click.option(
+    "--iterations", type=click.IntRange(min=1), required=True, help="Iterations T to run."
+)
 stragglers = click.option(
     "--stragglers",
     default="none",

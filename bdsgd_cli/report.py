@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from bdsgd.stages.report import ReportConfig, run_report
 
 from bdsgd_cli import options
 from bdsgd_cli.common import emit_json, run_stage
@@ -39,6 +38,8 @@ def report(run_dirs: tuple[Path, ...], out: Path, rolling_window: int, json_out:
     the cut-off workers marked, run-time CDFs, predicted vs observed iteration time and the time
     spent choosing c. Writes OUT/index.md with every plot and the metrics of every run.
     """
+    from bdsgd.stages.report import ReportConfig, run_report
+
     config = ReportConfig(run_dirs=run_dirs, out=out, rolling_window=rolling_window)
     result = run_report(config)
     for warning in result.warnings:

@@ -87,12 +87,17 @@ def simulate(
 ) -> None:
     """Replay recorded run-times (or the fitted model's own samples) through every cutoff and
     asynchronous policy, and rank them by throughput against the oracle."""
+    from bdsgd.stages.policy_names import check_spec
+
+    specs = tuple(p.strip() for p in policies.split(",") if p.strip())
+    for spec in specs:  # before torch is imported: a typo is answered at once
+        check_spec(spec, has_model=checkpoint is not None)
     from bdsgd.stages.simulate import SimulateConfig, run_simulate
 
     config = SimulateConfig(
         traces=Path(traces) if traces else None,
         checkpoint=Path(checkpoint) if checkpoint else None,
-        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        policies=specs,
         overhead_s=overhead_s,
         out=Path(out) if out else None,
         run_id=run_id,

@@ -25,19 +25,33 @@ SPEC_KEYS = (
 
 
 @click.command()
-@click.option("--workers", type=int, help="Number of worker processes N.")
-@click.option("--iterations", type=int, help="Iterations T (with --resume: extend the run to T).")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Number of worker processes N (required unless --resume).",
+)
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    help="Iterations T (required unless --resume; with --resume: extend the run to T).",
+)
 @click.option(
     "--policy",
     help="Cutoff: full, static:C, elfving, ecdf, ewma, bdsgd (revises c as gradients arrive; "
     "bdsgd:fixed does not), with the suffixes simulate --policies lists (:goodput, "
     ":iteration, :online, :fixed, :unchecked); asynchronous: k-async:K, async, adasync[:G] "
-    "(--iterations then counts updates).",
+    "(--iterations then counts updates). Required unless --resume.",
 )
 @click.option(
-    "--traces", type=click.Path(file_okay=False), help="Trace store the rows are appended to."
+    "--traces",
+    type=click.Path(file_okay=False),
+    help="Trace store the rows are appended to (required unless --resume).",
 )
-@click.option("--out", type=click.Path(file_okay=False), help="Run directory to write.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="Run directory to write (required unless --resume).",
+)
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Fitted model (for bdsgd).")
 @options.stragglers
 @options.time_scale
@@ -118,6 +132,8 @@ def train(json_out: bool, resume: str | None, **kwargs) -> None:
     all-reduce among worker replicas, or a parameter server with --engine ps), or apply every K
     arrivals while stragglers keep computing (asynchronous, parameter server); append every
     observation (censored ones too) to the traces."""
+    if resume is None:
+        check_new_run(kwargs)  # before torch is imported: a usage error is answered at once
     from bdsgd.stages.train import run_train
 
     cfg = _config(resume, kwargs)
@@ -155,6 +171,20 @@ def check_resume_flags(ctx: click.Context) -> None:
         )
 
 
+NEW_RUN_FLAGS = ("workers", "iterations", "policy", "traces", "out")
+
+
+def check_new_run(kw: dict) -> None:
+    """The flags a new run cannot start without, and its policy spec, checked without torch."""
+    from bdsgd.stages.errors import ConfigError
+    from bdsgd.stages.policy_names import check_spec
+
+    missing = [f"--{k}" for k in NEW_RUN_FLAGS if kw[k] is None]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or pass --resume RUN_DIR)")
+    check_spec(kw["policy"], kw["workers"], has_model=kw["checkpoint"] is not None)
+
+
 def _config(resume: str | None, kw: dict):
     from bdsgd.stages.errors import ConfigError
     from bdsgd.stages.train import TrainConfig, resume_config
@@ -170,13 +200,6 @@ def _config(resume: str | None, kw: dict):
         if ctx.get_parameter_source("start_timeout_s") == ParameterSource.COMMANDLINE:
             cfg = dataclasses.replace(cfg, start_timeout_s=kw["start_timeout_s"])  # (the machine's)
         return cfg
-    missing = [
-        f"--{k.replace('_', '-')}"
-        for k in ("workers", "iterations", "policy", "traces", "out")
-        if kw[k] is None
-    ]
-    if missing:
-        raise ConfigError(f"missing {', '.join(missing)} (or pass --resume RUN_DIR)")
     overhead = kw.pop("overhead_s")
     try:
         kw["overhead_s"] = None if overhead == "auto" else float(overhead)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def load_plain(path: Path, what: str) -> dict:
     """The dict stored at ``path``; ``what`` names the file in error messages."""
     if not path.is_file():
         raise CheckpointError(f"no {what} at {path}")
+    if not is_torch_file(path):
+        raise CheckpointError(f"{path}: not a readable {what} (not a torch file)")
     try:
         payload = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 (a text or CSV file read as pickle opcodes raises
@@ -31,6 +34,15 @@ def load_plain(path: Path, what: str) -> dict:
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path}: not a bdsgd {what}")
     return payload
+
+
+def is_torch_file(path: Path) -> bool:
+    """Whether ``path`` starts as ``torch.save`` writes: a zip archive, or (before torch 1.6) a
+    pickle, whose first byte is the PROTO opcode."""
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as fh:
+        return fh.read(1) == b"\x80"
 
 
 def save_atomic(payload: dict, path: Path, then: Callable[[], None] | None = None) -> None:

@@ -74,3 +74,12 @@ def test_save_atomic_does_not_rename_when_then_fails(tmp_path):
     with pytest.raises(CheckpointError, match="not written"):
         save_atomic({"x": torch.zeros(4)}, path, then)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", [b"", b"hello\n", b"a,b\n1,2\n", b"PK\x03\x04garbage"])
+def test_a_file_torch_did_not_write_is_named_so(tmp_path, content):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        load_plain(path, "checkpoint")
+    assert str(err.value) == f"{path}: not a readable checkpoint (not a torch file)"
