@@ -46,7 +46,7 @@ demo: $(STAMP)
 	@echo "demo done: plots and index in $(DEMO)/report/index.md"
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run --out docs/benchmarks.md
+	$(BIN)/python -m benchmarks.run --out docs/benchmarks-generated.md
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --out bench-out/benchmarks.md --quick

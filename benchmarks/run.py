@@ -1,7 +1,10 @@
-"""Run every ``benchmarks/bench_*.py`` and write one Markdown page.
+"""Run every ``benchmarks/bench_*.py`` and write one Markdown page of generated tables.
 
-    python -m benchmarks.run --out docs/benchmarks.md            # make bench
+    python -m benchmarks.run                                     # make bench
     python -m benchmarks.run --out /tmp/b.md --quick --only fit,simulate
+
+The page goes to its own file (``docs/benchmarks-generated.md`` by default), never over
+``docs/benchmarks.md``: that page is the hand-written reference, which quotes these tables.
 
 Each module exposes ``run(quick: bool = False) -> str`` returning a Markdown section. They run in
 name order; one that fails to import or raises gets an error line in its section and the others
@@ -29,6 +32,9 @@ from rich.progress import Progress
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPRODUCE = "make bench"
+ROOT = BENCH_DIR.parent
+DEFAULT_OUT = ROOT / "docs" / "benchmarks-generated.md"
+HAND_WRITTEN = ROOT / "docs" / "benchmarks.md"  # the reference page: never written here
 
 
 @dataclass(frozen=True)
@@ -167,9 +173,10 @@ def machine() -> dict[str, str]:
 def render(sections: Sequence[Section], info: dict[str, str], quick: bool) -> str:
     mode = "quick (`--quick`: smaller sizes, numbers are indicative only)" if quick else "full"
     lines = [
-        "# bdsgd benchmarks",
+        "# bdsgd benchmarks: generated tables",
         "",
-        f"Reproduce: `{REPRODUCE}` (writes this file). Mode: {mode}.",
+        f"Reproduce: `{REPRODUCE}` (writes this file; docs/benchmarks.md is the hand-written "
+        f"reference). Mode: {mode}.",
         "",
         "| machine | |",
         "|---|---|",
@@ -191,10 +198,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, required=True, help="Markdown file to write.")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="Markdown file to write (default: docs/benchmarks-generated.md; never "
+        "docs/benchmarks.md, the hand-written reference).",
+    )
     parser.add_argument("--quick", action="store_true", help="Small sizes, for a smoke run.")
     parser.add_argument("--only", help="Comma-separated benchmark names, e.g. fit,simulate.")
     args = parser.parse_args(argv)
+    if args.out.resolve() == HAND_WRITTEN.resolve():
+        parser.error(f"{HAND_WRITTEN} is hand-written; write the generated tables elsewhere")
     console = Console(stderr=True)
     benches = select(discover(), args.only)
     sections = run_all(benches, args.quick, console)

@@ -69,3 +69,21 @@ def test_discover_imports_every_bench_module_in_name_order():
     failed = {b.name: b.import_error for b in benches if b.run is None}
     assert not failed  # an import error would only show up in the page
     assert all(callable(b.run) for b in benches)
+
+
+def test_never_writes_over_the_hand_written_page(monkeypatch):
+    monkeypatch.setattr(bench_run, "discover", lambda: _fake_benches([]))
+    before = bench_run.HAND_WRITTEN.read_bytes()
+    with pytest.raises(SystemExit):
+        bench_run.main(["--out", str(bench_run.HAND_WRITTEN), "--only", "alpha"])
+    assert bench_run.HAND_WRITTEN.read_bytes() == before
+    assert bench_run.DEFAULT_OUT != bench_run.HAND_WRITTEN
+
+
+def test_make_bench_targets_write_their_own_files():
+    """`make bench` and `make bench-quick` leave docs/benchmarks.md as it is."""
+    recipes = [
+        line for line in (ROOT / "Makefile").read_text().splitlines() if "benchmarks.run" in line
+    ]
+    assert len(recipes) >= 2
+    assert not any("docs/benchmarks.md" in line for line in recipes), recipes
