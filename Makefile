@@ -37,10 +37,10 @@ demo: $(STAMP)
 	# every policy on the profile's held-out last 20% (fit trained on the first 80%)
 	$(BIN)/bdsgd simulate --traces $(DEMO)/traces --checkpoint $(DEMO)/model.pt --from-frac 0.8 \
 		--out $(DEMO)/simulate
-	# training runs on the collective engine (replicas cut inside one all-reduce; --engine ps: a server)
-	$(BIN)/bdsgd train --workers 4 --iterations 80 --policy full --engine collective --traces $(DEMO)/traces \
+	# every rank trains; the first c gradients of each iteration are summed in one all-reduce
+	$(BIN)/bdsgd train --workers 4 --iterations 80 --policy full --traces $(DEMO)/traces \
 		--out $(DEMO)/run-full --stragglers $(CLUSTER) --seed 0
-	$(BIN)/bdsgd train --workers 4 --iterations 80 --policy bdsgd --engine collective --checkpoint $(DEMO)/model.pt \
+	$(BIN)/bdsgd train --workers 4 --iterations 80 --policy bdsgd --checkpoint $(DEMO)/model.pt \
 		--traces $(DEMO)/traces --out $(DEMO)/run-bdsgd --stragglers $(CLUSTER) --seed 0
 	$(BIN)/bdsgd report $(DEMO)/run-full $(DEMO)/run-bdsgd $(DEMO)/simulate --out $(DEMO)/report
 	@echo "demo done: plots and index in $(DEMO)/report/index.md"

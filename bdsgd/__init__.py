@@ -48,7 +48,7 @@ _EXPORTS = {
     # your own training loop under torchrun
     "Cutoff": "bdsgd.stages.loop.rank",
     "LoopConfig": "bdsgd.stages.loop.config",
-    "straggler_delays": "bdsgd.stages.loop.rank",
+    "straggler_delays": "bdsgd.stages.loop.config",
     # workloads of the built-in loop
     "Workload": "bdsgd.stages.workloads",
     # errors a caller may catch

@@ -92,46 +92,18 @@ allow_oversubscribe = click.option(
 
 
 def auto_choice(name: str, others: list[str], help: str):
-    """An engine setting chosen among ``auto`` (the default) and ``others`` (the values are
-    written out here, not imported from the engine's config: the CLI loads without torch)."""
+    """A setting chosen among ``auto`` (the default) and ``others`` (the values are
+    written out here, not imported from the stages' configs: the CLI loads without torch)."""
     return click.option(
         name, type=click.Choice(["auto", *others]), default="auto", show_default=True, help=help
     )
 
 
-engine = auto_choice(
-    "--engine",
-    ["collective", "ps", "loop"],
-    "collective: every worker holds a replica and the cut happens inside one all-reduce "
-    "(gloo or NCCL); ps: a parameter server process holds the model; loop: every rank runs the "
-    "library's training loop (bdsgd.Cutoff: the workload's optimizer, scheduler, data, "
-    "autocast and clipping; the coordinator is a thread beside rank 0, no rank of its own); "
-    "auto: collective for the cutoff policies, loop for a workload that brings its own "
-    "optimizer, scheduler, data, autocast or clip norm (only the loop honours them), ps for "
-    "the asynchronous policies (they run on ps only).",
-)
-profile_engine = auto_choice(
-    "--engine",
-    ["loop", "collective", "ps"],
-    "loop: every rank runs the library's loop (bdsgd.Cutoff under policy full: compute time "
-    "measured before the collective, CUDA events on a GPU), as a user's own job is profiled; "
-    "collective or ps: those engines' workers; auto: loop (collective when --allreduce is "
-    "given).",
-)
 device = auto_choice(
     "--device",
     ["cpu", "cuda"],
-    "Where the collective engine's workers compute: each takes its own GPU (LOCAL_RANK) "
-    "and NCCL when there are enough, gloo otherwise; auto: cuda when a GPU is visible.",
-)
-allreduce = auto_choice(
-    "--allreduce",
-    ["ring", "star"],
-    "How the collective engine's CPU replicas sum over gloo: ring (gloo's all-reduce), "
-    "star (the lowest replica sums and sends the sum back: fewer wake-ups, N x the model at one "
-    "process); auto: star on one machine for a model of up to 250k parameters (1M with more "
-    "workers than cores), else ring. "
-    "Replicas on GPUs sum with NCCL or gloo's own all-reduce whatever this says.",
+    "Where the ranks compute: each takes its own GPU (LOCAL_RANK) and NCCL when there are "
+    "enough, gloo on CPU otherwise; auto: cuda when a GPU is visible.",
 )
 skip_bad_files = click.option(
     "--skip-bad-files",

@@ -20,9 +20,7 @@ from bdsgd_cli.common import emit_json, run_stage
 @options.time_scale
 @options.seed
 @options.micro_batches
-@options.profile_engine
 @options.device
-@options.allreduce
 @options.host
 @options.timeout
 @options.start_timeout

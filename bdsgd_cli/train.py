@@ -58,14 +58,13 @@ SPEC_KEYS = (
 @options.workload
 @options.batch_size
 @options.micro_batches
-@options.engine
 @options.device
-@options.allreduce
 @click.option(
-    "--salvage",
-    is_flag=True,
-    help="Collective engine: a cut-off worker contributes the micro-batches it finished before "
-    "the cut (see docs/policies.md for what this does to the estimator).",
+    "--salvage/--no-salvage",
+    default=True,
+    show_default=True,
+    help="A cut rank contributes the micro-batches it finished before the cut (see "
+    "docs/policies.md for what this does to the estimator); --no-salvage: zeros.",
 )
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate at c = N.")
 @click.option(
@@ -75,7 +74,8 @@ SPEC_KEYS = (
     show_default=True,
     help="How the learning rate follows the share of the gradients applied: linear, sqrt, none, "
     "adascale (by their gain from the gradient noise scale, see docs/policies.md); auto: sqrt "
-    "for an Adam-type optimizer (a workload's own, --engine loop), linear for SGD.",
+    "for an Adam-type optimizer (a workload's own), linear for SGD; adascale: asynchronous "
+    "policies only.",
 )
 @options.seed
 @click.option("--target-loss", type=float, help="Smoothed training loss that defines time_to_loss.")
@@ -96,7 +96,8 @@ SPEC_KEYS = (
     type=int,
     default=1,
     show_default=True,
-    help="Fail when fewer workers than this are alive.",
+    help="Asynchronous policies: fail when fewer workers than this are alive (a synchronous "
+    "run ends when a rank dies).",
 )
 @click.option(
     "--overhead-s",
@@ -128,10 +129,10 @@ SPEC_KEYS = (
 @options.json_out
 @run_stage
 def train(json_out: bool, resume: str | None, **kwargs) -> None:
-    """Distributed SGD that drops stragglers: apply the first c gradients (cutoff policies; an
-    all-reduce among worker replicas, or a parameter server with --engine ps), or apply every K
-    arrivals while stragglers keep computing (asynchronous, parameter server); append every
-    observation (censored ones too) to the traces."""
+    """Distributed SGD that drops stragglers: every rank trains and the first c gradients are
+    summed in one all-reduce (cutoff policies, the library's loop), or a parameter server applies
+    every K arrivals while stragglers keep computing (asynchronous policies); every observation
+    (censored ones too) is appended to the traces."""
     if resume is None:
         check_new_run(kwargs)  # before torch is imported: a usage error is answered at once
     from bdsgd.stages.train import run_train

@@ -9,8 +9,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.loop.group_exit import release_default_group
+from bdsgd.stages.wire import keys as P
 from bdsgd.stages.workloads import load_workload
 
 

@@ -26,9 +26,10 @@ from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.smoothing import SmoothedLoss, time_to_loss
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.stragglers import SyntheticCluster
-from bdsgd.stages.train import SmoothedLoss, TrainConfig, run_train, time_to_loss
+from bdsgd.stages.train import TrainConfig, run_train
 
 from benchmarks.allreduce import allreduce_iterations_per_s
 

@@ -4,7 +4,7 @@ coordinator, no model.
     python -m benchmarks.control_plane --ranks 1024 --quick --json
     python -c "from benchmarks.control_plane import run; print(run())"     # the table (make bench)
 
-Each iteration follows the cutoff protocol of the engines (``bdsgd.stages.engine.protocol``)
+Each iteration follows the cutoff protocol of the engines (``bdsgd.stages.wire.keys``)
 and of the training-loop library: the coordinator announces iteration t (``go/<t>``); every
 rank waits its drawn run-time (ended early by the cut, as an engine's injected delay is), then
 takes a ticket (``store.add("n/<t>", 1)``; below CLOSED it is admitted) and writes its report
@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from bdsgd.stages.engine import protocol as P
+from bdsgd.stages.wire import keys as P
 
 MODES = ("direct", "batched", "fixed")
 WARMUP = 2  # first iterations left out of the figures (connections and threads warming up)

@@ -45,7 +45,7 @@ def environment() -> list[str]:
 
 
 def cuda_tests() -> list[str]:
-    tests = ["tests/stages/engine/test_gpu.py", "tests/stages/loop/test_gpu.py"]
+    tests = ["tests/stages/loop/test_gpu.py"]
     tic = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                            *tests], cwd=ROOT, capture_output=True, text=True,

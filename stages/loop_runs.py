@@ -1,13 +1,13 @@
-"""``bdsgd train --engine loop`` and ``bdsgd profile --engine loop``: the command line as a client
-of the library (:class:`bdsgd.Cutoff`). Every rank trains the workload in the loop of
+"""``bdsgd train`` (synchronous policies) and ``bdsgd profile``: the command line as a client of
+the library (:class:`bdsgd.Cutoff`). Every rank trains the workload in the loop of
 :mod:`bdsgd.stages.loop.job` (its optimizer, scheduler, data, autocast and clipping); the
 coordinator is a thread beside rank 0's loop, never a rank. On one machine this process starts
 the ranks (:mod:`bdsgd.stages.loop.local`) and is none of them; under ``torchrun`` every rank runs
 the loop and ``--workers`` is the world size.
 
-What the loop does not do (yet) is refused with one line: asynchronous policies, ``adascale``,
-``--allreduce``, ``--min-workers`` below N (a rank that dies ends the run; it
-resumes from the last checkpoint).
+What the loop does not do is refused with one line: asynchronous policies (the parameter server
+runs them), ``--min-workers`` below N (a rank that dies ends the run; it resumes from the last
+checkpoint).
 """
 
 from __future__ import annotations
@@ -65,18 +65,17 @@ def check_inputs(cfg) -> tuple[str, ...]:
 
 
 def check_loop_flags(cfg) -> None:
-    """The flags the loop engine does not take, one line each."""
+    """The flags a synchronous run does not take, one line each."""
     if getattr(cfg, "lr_scaling", "linear") == "adascale":
-        raise ConfigError("--lr-scaling adascale runs on --engine collective or ps, not loop")
-    if cfg.allreduce != "auto":
-        raise ConfigError("--allreduce: the loop engine sums with the process group's all-reduce")
+        raise ConfigError("--lr-scaling adascale runs with the asynchronous policies only")
     if getattr(cfg, "min_workers", 1) not in (1, cfg.workers):
-        raise ConfigError("--min-workers: on --engine loop a rank that dies ends the run")
+        raise ConfigError("--min-workers: a synchronous run ends when a rank dies (it resumes "
+                          "from its last checkpoint)")  # fmt: skip
 
 
 # -- train ----------------------------------------------------------------------------------------
 def train_on_loop(cfg, resume: bool, torchrun) -> dict | None:
-    """``bdsgd train --engine loop``: this process holds the run directory's lock (rank 0 under
+    """``bdsgd train`` of a synchronous policy: this process holds the run directory's lock (rank 0 under
     torchrun; every other rank only trains)."""
     from bdsgd.stages.run_lock import RunDirLock
 
@@ -155,7 +154,7 @@ def finish_train(cfg, summary: dict | None) -> dict | None:
     write_atomic(cfg.out / "summary.json", json.dumps(summary, indent=2).encode())
     final = summary["final_loss"]
     console.print(
-        f"{cfg.policy} (loop engine): {summary['throughput']:.1f} gradients/s, mean c "
+        f"{cfg.policy}: {summary['throughput']:.1f} gradients/s, mean c "
         f"{summary['mean_c']:.2f}, final loss {final if final is not None else float('nan'):.3f}, "
         f"{summary['rows_appended']} rows appended to {cfg.traces}, run in {cfg.out}"
     )
@@ -166,7 +165,7 @@ def finish_train(cfg, summary: dict | None) -> dict | None:
 
 # -- profile --------------------------------------------------------------------------------------
 def profile_on_loop(cfg, run_id: str, torchrun) -> int | None:
-    """``bdsgd profile --engine loop``: policy ``full`` measures every rank; returns the rows
+    """``bdsgd profile``: policy ``full`` measures every rank; returns the rows
     appended (None on a torchrun rank other than 0)."""
     check_loop_flags(cfg)
     check_world(cfg, torchrun)
@@ -190,7 +189,7 @@ def rows_of(store: TraceStore, run_id: str) -> int:
 # -- both -----------------------------------------------------------------------------------------
 def check_world(cfg, torchrun) -> None:
     if torchrun is not None and cfg.workers != torchrun.world_size:
-        raise ConfigError(f"under torchrun --engine loop trains on every rank: --workers must be "
+        raise ConfigError(f"under torchrun every rank trains: --workers must be "
                           f"the world size {torchrun.world_size}, got {cfg.workers}")  # fmt: skip
 
 
@@ -200,7 +199,7 @@ def check_policy(cfg, policy: str) -> None:
     hosts = check_inputs(cfg)
     built = make_policy(policy, cfg.workers, cfg.checkpoint, list(hosts), seed=cfg.seed)
     if built.mode != "sync" or policy == "oracle":
-        raise ConfigError(f"policy {policy!r} does not run on --engine loop (synchronous cutoff "
+        raise ConfigError(f"policy {policy!r} does not run on the loop (synchronous cutoff "
                           "policies do: full, static:C, elfving, ecdf, ewma, bdsgd, ...)")  # fmt: skip
 
 

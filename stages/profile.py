@@ -1,9 +1,8 @@
 """``bdsgd profile``: measure a real multi-process cluster into Parquet run-time traces.
 
 The profile is a training run under policy ``full``: every worker's run-time of every iteration
-is observed, none censored. By default it runs on the library's loop (``bdsgd.Cutoff``: every
-rank's compute time measured before the collective, CUDA events on a GPU), the way a user's own
-job is profiled; ``--engine collective`` or ``ps`` profile those engines.
+is observed, none censored. It runs on the library's loop (``bdsgd.Cutoff``: every rank's compute
+time measured before the collective, CUDA events on a GPU), the way a user's own job is profiled.
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ from pathlib import Path
 
 import polars as pl
 from bdsgd.stages.capacity import check_capacity
-from bdsgd.stages.console import console, progress
-from bdsgd.stages.engine.config import engine_config
-from bdsgd.stages.engine.launch import Torchrun, run_engine, run_torchrun_worker
+from bdsgd.stages.console import console
 from bdsgd.stages.errors import BdsgdError, ConfigError
-from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.store import TraceStore, new_run_id
 from bdsgd.stages.stragglers import parse_stragglers
+from bdsgd.stages.wire.torchrun import Torchrun
 from rich.table import Table
 
 
@@ -45,14 +42,8 @@ class ProfileConfig:
     """Seed of the workload, the data streams and the synthetic stragglers."""
     micro_batches: int = 4
     """Micro-batches per mini-batch (the points where a computation can be abandoned)."""
-    engine: str = "auto"
-    """loop (every rank runs the library's loop, :mod:`bdsgd.stages.loop_runs`), collective
-    (replicas under a coordinator rank) or ps (parameter server); auto: loop, or collective
-    when ``allreduce`` is set (only that engine takes it)."""
     device: str = "auto"
-    """auto, cpu or cuda: where the collective engine's workers compute."""
-    allreduce: str = "auto"
-    """ring, star or auto: how the collective engine's CPU replicas sum over gloo."""
+    """auto, cpu or cuda: where the ranks compute (cuda: one GPU per rank, NCCL)."""
     host: str = "127.0.0.1"
     """Address the control store and the server bind to."""
     timeout_s: float = 60.0
@@ -109,26 +100,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult | None:
     tr = Torchrun.from_env()
     if tr is None:
         check_capacity(cfg.workers, cfg.allow_oversubscribe)
-    run_id = new_run_id("profile")
-    if on_loop(cfg):
-        return profile_loop(cfg, run_id, tr)
-    hosts = engine_hosts(cfg.stragglers, cfg.seed, cfg.time_scale, cfg.workers)
-    engine = engine_config(cfg, run_id=run_id, source="profile", hosts=hosts)
-    if tr and tr.rank > 0:
-        return run_torchrun_worker(engine, tr)
-    store = TraceStore(cfg.traces)
-    undo_store = store.check_writable()
-    try:
-        return profile_into(cfg, engine, store, run_id)
-    except (BdsgdError, KeyboardInterrupt):
-        undo_store()  # a run that failed before its first row leaves no empty store behind
-        raise
-
-
-def on_loop(cfg: ProfileConfig) -> bool:
-    """Whether the profile runs on the library's loop: ``--engine loop``, or ``auto`` without
-    ``--allreduce`` (a collective-engine setting)."""
-    return cfg.engine == "loop" or (cfg.engine == "auto" and cfg.allreduce == "auto")
+    return profile_loop(cfg, new_run_id("profile"), tr)
 
 
 def profile_loop(cfg: ProfileConfig, run_id: str, tr) -> ProfileResult | None:
@@ -149,25 +121,6 @@ def profile_loop(cfg: ProfileConfig, run_id: str, tr) -> ProfileResult | None:
     console.print(worker_table(per_worker, run_id))
     console.print(f"{rows} rows of run [bold]{run_id}[/] appended to {cfg.traces}")
     return ProfileResult(run_id, rows, cfg.traces, per_worker)
-
-
-def profile_into(cfg: ProfileConfig, engine, store: TraceStore, run_id: str) -> ProfileResult:
-    """The profile run itself, its rows appended to ``store``."""
-    with progress() as bar:
-        task = bar.add_task(f"profile {cfg.workers} workers", total=cfg.iterations, status="")
-
-        def on_iteration(t: int, row: dict) -> None:
-            bar.update(task, completed=t + 1, status=f"iteration {row['iteration_s'] * 1e3:.1f} ms")
-
-        result = run_engine(engine, make_policy("full", cfg.workers), cfg.traces, on_iteration)
-    if result.interrupted and not result.rows_written:
-        raise KeyboardInterrupt  # (before its first row: nothing to summarise)
-    per_worker = worker_summary(store, run_id)
-    console.print(worker_table(per_worker, run_id))
-    console.print(f"{result.rows_written} rows of run [bold]{run_id}[/] appended to {cfg.traces}")
-    if result.interrupted:
-        raise KeyboardInterrupt
-    return ProfileResult(run_id, result.rows_written, cfg.traces, per_worker)
 
 
 def worker_summary(store: TraceStore, run_id: str) -> pl.DataFrame:

@@ -1,13 +1,13 @@
-"""``bdsgd train``: distributed SGD over torch.distributed with a cutoff policy (synchronous:
-apply the first c gradients of an iteration, inside an all-reduce among worker replicas by
-default, or through a parameter server with ``--engine ps``) or an asynchronous one
-(``k-async:K``, ``async``, ``adasync``, on the parameter server: apply every K arrivals,
-stragglers keep computing and land late).
+"""``bdsgd train``: distributed SGD over torch.distributed under a policy.
 
-The engine (``bdsgd.stages.engine``) runs the iterations (updates, for the asynchronous policies);
-this stage builds the policy, keeps the run directory (config, the engine's resume state,
-per-iteration metrics, summary), resumes a killed run and turns the iteration log into the
-SPEC's summary.
+A synchronous policy (``full``, ``static:C``, ``elfving``, ``ecdf``, ``ewma``, ``bdsgd``, ...)
+runs on the library's loop (:mod:`bdsgd.stages.loop_runs`): every rank trains, and the first c
+gradients of an iteration are summed in one all-reduce. An asynchronous policy (``k-async:K``,
+``async``, ``adasync``) runs on the parameter server (:mod:`bdsgd.stages.engine`): it applies
+every K arrivals while the stragglers keep computing and land late.
+
+This module holds the config both take, the asynchronous path's run directory (its resume state,
+iteration log and summary), the stop rule and ``time_to_loss``.
 """
 
 from __future__ import annotations
@@ -23,31 +23,26 @@ import numpy as np
 from bdsgd.schemas.run_dir import iterations_table, write_atomic, write_run_dir
 from bdsgd.stages.capacity import check_capacity
 from bdsgd.stages.console import console, progress
-from bdsgd.stages.engine.base import READABLE_STATE_VERSIONS, StopRun
+from bdsgd.stages.engine.base import STATE_VERSION, StopRun
 from bdsgd.stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
 from bdsgd.stages.engine.launch import (
     EngineResult,
-    Torchrun,
+    check_asynchronous,
     run_engine,
     run_torchrun_worker,
-    variant,
 )
-from bdsgd.stages.engine.resume import (
-    LEGACY_STATE_FILE,
-    STATE_FILE,
-    remove_segments,
-    state_path,
-    with_whole_log,
-)
+from bdsgd.stages.engine.resume import STATE_FILE, remove_segments, state_path, with_whole_log
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
-from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.base import Policy, observe_run
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.policies.selfcheck import lean_message, self_check_report
 from bdsgd.stages.profile import check_micro_batches, engine_hosts
 from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
 from bdsgd.stages.safe_load import load_plain
+from bdsgd.stages.smoothing import SmoothedLoss, time_to_loss
 from bdsgd.stages.store import TraceStore, new_run_id
-from bdsgd.stages.workloads import BUILTIN, load_workload
+from bdsgd.stages.wire.torchrun import Torchrun
+from bdsgd.stages.workloads import BUILTIN
 
 CONFIG_FILE = "config.json"
 
@@ -77,21 +72,16 @@ class TrainConfig:
     """Mini-batch size per worker."""
     micro_batches: int = 4
     """Micro-batches per mini-batch: where a cut-off computation stops."""
-    engine: str = "auto"
-    """collective (replicas, the cut inside an all-reduce), ps (parameter server) or auto
-    (collective for the cutoff policies, ps for the asynchronous ones, which need it)."""
     device: str = "auto"
-    """auto, cpu or cuda: where the collective engine's workers compute."""
-    salvage: bool = False
-    """Collective engine: cut-off workers contribute the micro-batches they finished."""
-    allreduce: str = "auto"
-    """ring, star or auto: how the collective engine's CPU replicas sum over gloo."""
+    """auto, cpu or cuda: where the ranks compute (cuda: one GPU per rank, NCCL)."""
+    salvage: bool = True
+    """A cut rank contributes the micro-batches it finished (synchronous policies)."""
     lr: float = 0.05
     """Learning rate when every live worker's gradient is applied."""
     lr_scaling: str = "auto"
     """How the learning rate follows c: linear (lr*c/N), sqrt (lr*sqrt(c/N)), none, adascale
     (lr*gain(c)/gain(N) from the gradient noise scale, ``bdsgd.stages.goodput.adascale_factor``),
-    or auto: sqrt for an Adam-type optimizer (a workload's own, ``--engine loop``), else linear."""
+    or auto: sqrt for an Adam-type optimizer (a workload's own), else linear."""
     seed: int = 0
     """Seed of the workload, the data streams, the stragglers and the policy."""
     target_loss: float | None = None
@@ -189,19 +179,16 @@ class TrainConfig:
 
 def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
     """Run (or, with ``resume``, continue) a training run; returns the summary (None on a
-    torchrun worker rank, which only works)."""
+    torchrun rank other than 0, which only trains)."""
     tr = Torchrun.from_env()
-    cfg = resolve_engine(cfg)
-    if cfg.engine == "loop":
+    if tr is None:
+        check_capacity(cfg.workers, cfg.allow_oversubscribe)
+    if not is_asynchronous(cfg.policy):
         from bdsgd.stages.loop_runs import train_on_loop
 
-        if tr is None:
-            check_capacity(cfg.workers, cfg.allow_oversubscribe)
         return train_on_loop(cfg, resume, tr)
     if tr and tr.rank > 0:
         return run_torchrun_worker(cfg.engine_settings("worker"), tr)
-    if tr is None:
-        check_capacity(cfg.workers, cfg.allow_oversubscribe)
     lock = RunDirLock(cfg.out)  # one run per run directory (a second --resume is refused)
     try:
         return train_holding(cfg, resume, lock)
@@ -212,15 +199,9 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
 ASYNC_KINDS = ("async", "k-async", "adasync")
 
 
-def resolve_engine(cfg: TrainConfig) -> TrainConfig:
-    """``--engine auto`` of a synchronous policy on a workload that brings its own optimizer,
-    scheduler, data, autocast or clip norm: the loop, the one engine that honours them (else
-    auto stays the collective engine, or ps for the asynchronous policies)."""
-    if cfg.engine != "auto" or cfg.policy.partition(":")[0] in ASYNC_KINDS:
-        return cfg
-    if not load_workload(cfg.workload, seed=cfg.seed).loop_only():
-        return cfg
-    return dataclasses.replace(cfg, engine="loop")
+def is_asynchronous(policy: str) -> bool:
+    """Whether ``policy`` runs on the parameter server (stale gradients applied late)."""
+    return policy.partition(":")[0] in ASYNC_KINDS
 
 
 def train_holding(cfg: TrainConfig, resume: bool, lock: RunDirLock) -> dict:
@@ -230,7 +211,7 @@ def train_holding(cfg: TrainConfig, resume: bool, lock: RunDirLock) -> dict:
     run_id = state["run_id"] if state else new_run_id("train")
     engine_cfg = cfg.engine_settings(run_id)  # everything is checked before anything is written
     policy = build_policy(cfg, engine_cfg.hosts)
-    variant(engine_cfg, policy)  # (the engine that runs the policy takes the other flags)
+    check_asynchronous(engine_cfg, policy)
     if state:
         check_resumable(state, cfg, engine_cfg, policy)
     undo = prepare_run_dir(dataclasses.replace(cfg, run_id=run_id)) if not resume else None
@@ -275,7 +256,9 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
     return summary
 
 
-RUN_FILES = ("summary.json", "iterations.parquet", STATE_FILE, LEGACY_STATE_FILE)
+CHECKPOINT_FILES = (STATE_FILE, "checkpoint.pt")
+"""A run's checkpoint: the parameter server's, or the library's loop's."""
+RUN_FILES = ("summary.json", "iterations.parquet", *CHECKPOINT_FILES)
 """What a previous run left in a run directory (``--force`` removes them and the iteration-log
 segments under ``log/``, nothing else)."""
 
@@ -291,7 +274,7 @@ def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
     except OSError as exc:  # (unreadable: what it holds cannot be checked)
         raise ConfigError(f"cannot read the run directory {out}: {exc.strerror or exc}") from None
     if not cfg.force and holds:
-        if state_path(out).exists():
+        if any((out / name).exists() for name in CHECKPOINT_FILES):
             raise ConfigError(
                 f"--out {out} already holds a run: pass --resume {out}, another --out, or "
                 "--force to start over in it"
@@ -357,10 +340,10 @@ def load_state(run_dir: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
     state = load_plain(path, "engine checkpoint")
-    if state.get("version") not in READABLE_STATE_VERSIONS:
+    if state.get("version") != STATE_VERSION:
         raise CheckpointError(
             f"{path}: not a bdsgd engine checkpoint of version "
-            f"{' or '.join(map(str, READABLE_STATE_VERSIONS))} (written by another bdsgd: start "
+            f"{STATE_VERSION} (written by another bdsgd: start "
             "a new run)"
         )
     return with_whole_log(run_dir, state)
@@ -370,7 +353,7 @@ def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy:
     """The checkpoint was written by the engine variant this run would use, for as many workers
     as the config says, enough of them alive, and iterations are left to run (a finished run is
     not run again: its summary stays)."""
-    path, kind = state_path(cfg.out), variant(engine, policy)
+    path, kind = state_path(cfg.out), "async"
     if cfg.run_id is not None and state.get("run_id") != cfg.run_id:
         raise CheckpointError(
             f"{path} belongs to run {state.get('run_id')}, not to {cfg.run_id}, which "
@@ -424,17 +407,6 @@ def replay_history(policy: Policy, traces: Path, run_id: str, next_iteration: in
         return next_iteration
     observe_run(policy, run)
     return max(next_iteration, run.shape[0])
-
-
-def observe_run(policy: Policy, run, before: int | None = None) -> int:
-    """Feed ``policy`` a run's iterations (before ``before``) as it saw them: arrivals exactly,
-    the rest censored; returns how many."""
-    rows = np.flatnonzero(run.present[:before].any(axis=1))
-    for t in rows:
-        seen = run.present[t]  # a worker with no row (dead) is censored at the slowest seen
-        runtimes = np.where(seen, run.runtimes[t], run.runtimes[t][seen].max())
-        policy.observe(runtimes, run.censored[t] | ~seen)
-    return int(rows.size)
 
 
 def run_with_live_view(cfg, engine_cfg, policy, state, stop: StopRule) -> EngineResult:
@@ -500,12 +472,6 @@ def summarize(
     )
     if result.dead_workers:
         console.print(f"[yellow]workers {sorted(result.dead_workers)} died and were excluded[/]")
-    if "replicas_identical" in summary:
-        same = "identical" if summary["replicas_identical"] else "[red]NOT identical[/]"
-        console.print(
-            f"collective engine: {len(summary['replica_digests'])} replicas {same} at the end; "
-            f"join lag p50 {summary['join_lag_ms_p50']:.2f} ms, p99 {summary['join_lag_ms_p99']:.2f} ms"
-        )
     console.print(
         f"{summary['policy']} ({summary['engine']} engine): {summary['throughput']:.1f} gradients/s, mean c "
         f"{summary['mean_c']:.2f}, final loss {summary['final_loss'] or float('nan'):.3f}, "
@@ -514,21 +480,6 @@ def summarize(
     if summary["stopped"] in ("target", "wall budget"):
         console.print(f"stopped after {c.size} iterations: {summary['stopped']} reached")
     return summary
-
-
-class SmoothedLoss:
-    """The exponentially weighted training loss ``time_to_loss`` compares with the target
-    (``alpha``: the weight of one iteration; iterations without a loss are skipped)."""
-
-    def __init__(self, alpha: float = 0.1) -> None:
-        self.alpha = alpha
-        self.value: float | None = None
-
-    def add(self, loss: float | None) -> float | None:
-        if loss is not None:
-            a = self.alpha
-            self.value = loss if self.value is None else (1 - a) * self.value + a * loss
-        return self.value
 
 
 class StopRule:
@@ -570,17 +521,6 @@ class StopRule:
         else:
             return
         raise StopRun
-
-
-def time_to_loss(log: dict, target: float | None, alpha: float = 0.1) -> float | None:
-    """Wall-clock seconds until the EWMA-smoothed training loss first reaches ``target``."""
-    if target is None:
-        return None
-    smooth = SmoothedLoss(alpha)
-    for loss, wall in zip(log.get("loss", []), log.get("wall_s", []), strict=False):
-        if loss is not None and smooth.add(loss) <= target:
-            return float(wall)
-    return None
 
 
 def resume_config(

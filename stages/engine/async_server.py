@@ -20,12 +20,12 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.base import Engine, ServerModel
 from bdsgd.stages.engine.config import scaled_lr
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.policies.async_driver import AsyncDriver
 from bdsgd.stages.signals import hold_interrupts
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.report import WorkerReport
 from torch.nn.utils import parameters_to_vector
 
 HOLE_GRACE_S = 1.0  # a ticket taken by a worker that died before naming itself is skipped after

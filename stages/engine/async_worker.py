@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 import torch
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.worker import WorkerProcess, WorkerSpec, worker_entry
+from bdsgd.stages.wire import keys as P
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 

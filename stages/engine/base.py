@@ -1,11 +1,7 @@
-"""What every engine variant shares: the run loop, liveness (who is alive, who died when), the
-per-iteration metrics row, trace rows built from worker reports, and the checkpoint state that
-``--resume`` continues from. A variant implements :meth:`Engine.step` -- how one iteration admits
-gradients -- and the few hooks its way of holding parameters needs.
-
-Variants: :class:`bdsgd.stages.engine.ps.ParameterServer` (synchronous cutoff through a parameter
-server), :class:`bdsgd.stages.engine.collective.Coordinator` (the cutoff inside an all-reduce among
-worker replicas) and :class:`bdsgd.stages.engine.async_server.AsyncServer` (k-async, async, adasync).
+"""The parameter server's run loop, liveness (who is alive, who died when), the per-update
+metrics row, trace rows built from worker reports, and the checkpoint state that ``--resume``
+continues from. :class:`bdsgd.stages.engine.async_server.AsyncServer` implements
+:meth:`Engine.step` (one update).
 """
 
 from __future__ import annotations
@@ -22,18 +18,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from bdsgd.stages.console import console
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import EngineConfig, sgd
-from bdsgd.stages.engine.janitor import KeyJanitor
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.signals import current_hold, hold_interrupts
 from bdsgd.stages.store import TraceWriter
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.janitor import KeyJanitor
+from bdsgd.stages.wire.report import WorkerReport
 from bdsgd.stages.workloads import Workload
 
-STATE_VERSION = 3  # 3: the iteration log's older rows in segments (resume.py)
-READABLE_STATE_VERSIONS = (2, 3)  # 2 holds the whole log: it resumes as it is
+STATE_VERSION = 3  # the iteration log's older rows in segments (resume.py)
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 
 

@@ -1,5 +1,5 @@
-"""The engine's one config (built by the profile and train stages from theirs) and the two small
-pieces of arithmetic every engine variant shares: the optimizer and the learning-rate scaling."""
+"""The parameter server's config (built by the train stage from its own) and its two small pieces
+of arithmetic: the optimizer and the learning-rate scaling."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from dataclasses import dataclass
 import torch
 from bdsgd.stages.errors import ConfigError
 
-ENGINES = ("auto", "collective", "ps", "loop")
 DEVICES = ("auto", "cpu", "cuda")
-ALLREDUCES = ("auto", "ring", "star")
 LR_SCALINGS = ("auto", "linear", "sqrt", "none", "adascale")
 
 
@@ -25,10 +23,7 @@ class EngineConfig:
     iterations: int
     run_id: str
     source: str  # "profile" or "train": the trace rows' source
-    engine: str = "auto"  # ps | collective | auto (collective, or ps for asynchronous policies)
-    device: str = "auto"  # auto | cpu | cuda (collective engine only)
-    salvage: bool = False  # collective: a cut-off worker contributes its finished micro-batches
-    allreduce: str = "auto"  # collective over gloo on CPU: ring | star | auto (see collective.py)
+    device: str = "auto"  # auto | cpu (the parameter server computes on CPU)
     workload: str = "mlp"
     batch_size: int = 32
     micro_batches: int = 4
@@ -49,20 +44,8 @@ class EngineConfig:
     overhead_s: float | None = None  # None: measure it and feed it to the policy
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.engine == "ps" and self.device == "cuda":  # (auto: the CPU on the ps engine)
-            raise ConfigError("--device cuda needs --engine collective (the parameter server "
-                              "computes on CPU)")  # fmt: skip
-        if self.allreduce not in ALLREDUCES:
-            raise ConfigError(f"--allreduce must be one of {', '.join(ALLREDUCES)}")
-        if self.engine == "ps" and (self.salvage or self.allreduce != "auto"):
-            raise ConfigError("--salvage and --allreduce apply to --engine collective only (the "
-                              "parameter server sums what it receives)")  # fmt: skip
-        if self.allreduce == "star" and self.device == "cuda":
-            raise ConfigError("--allreduce star sums CPU tensors over gloo: not with --device cuda")
         if not (math.isfinite(self.start_timeout_s) and self.start_timeout_s > 0):
             raise ConfigError(f"--start-timeout must be a finite number of seconds > 0, "
                               f"got {self.start_timeout_s}")  # fmt: skip

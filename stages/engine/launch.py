@@ -1,10 +1,10 @@
-"""Starting and stopping an engine run on one machine: the control store, N spawned worker
-processes, the engine loop in this process, periodic checkpoints, and a shutdown that leaves no
-process behind (stop keys, bounded joins, then kill).
+"""Starting and stopping a parameter-server run: the control store, N spawned worker processes
+(or torchrun's other ranks), the server loop in this process, periodic checkpoints, and a
+shutdown that leaves no process behind (stop keys, bounded joins, then kill).
 
-:func:`variant` picks the engine: asynchronous policies (``k-async``) run the asynchronous server
-and workers; cutoff policies run ``--engine ps`` (parameter server) or ``--engine collective``
-(all-reduce among worker replicas). Torchrun worker ranks learn the variant from the store."""
+The parameter server runs the asynchronous policies (``k-async:K``, ``async``, ``adasync``) only:
+their stragglers keep computing and their gradients land late, which an all-reduce cannot do.
+Every synchronous policy runs on the library's loop (:mod:`bdsgd.stages.loop`)."""
 
 from __future__ import annotations
 
@@ -20,45 +20,35 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine import spawned
 from bdsgd.stages.engine.async_server import AsyncServer
 from bdsgd.stages.engine.async_worker import async_worker_main
 from bdsgd.stages.engine.base import Engine, StopRun
-from bdsgd.stages.engine.collective import Coordinator, publish_settings
 from bdsgd.stages.engine.config import EngineConfig
-from bdsgd.stages.engine.ps import ParameterServer
-from bdsgd.stages.engine.replica import replica_main
 from bdsgd.stages.engine.resume import Checkpointer
-from bdsgd.stages.engine.worker import WorkerSpec, default_bind_host, ps_worker_main
+from bdsgd.stages.engine.worker import WorkerSpec, default_bind_host
 from bdsgd.stages.errors import CheckpointError, ConfigError, WorkerError
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.signals import default_sigterm
 from bdsgd.stages.store import TraceStore, TraceWriter
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire import spawned
+from bdsgd.stages.wire.spawned import join_or_kill
+from bdsgd.stages.wire.torchrun import Torchrun
 from bdsgd.stages.workloads import load_workload
 
-KILLED_EXIT_S = 30.0  # how long a SIGKILLed worker may take to exit (seconds on a loaded machine)
 FAILED_GRACE_S = 2.0  # after an error: how long the workers get to stop before they are killed
 MAX_PENDING_ROWS = 1 << 15  # trace rows the writer holds before it writes a file unasked
 
-VARIANTS = {
-    "ps": (ParameterServer, ps_worker_main),
-    "collective": (Coordinator, replica_main),
-    "async": (AsyncServer, async_worker_main),
-}
 
-
-def variant(cfg: EngineConfig, policy: Policy) -> str:
-    """Which engine runs ``policy``: ``async`` for the asynchronous policies, else
-    ``cfg.engine`` (``auto``: collective)."""
+def check_asynchronous(cfg: EngineConfig, policy: Policy) -> None:
+    """The parameter server runs asynchronous policies on CPU only."""
     if policy.mode != "k-async":
-        return "collective" if cfg.engine == "auto" else cfg.engine
-    if cfg.engine == "collective" or cfg.device == "cuda" or cfg.salvage or cfg.allreduce != "auto":
+        raise ConfigError(f"policy {policy.name!r} is synchronous: it runs on the library's loop")
+    if cfg.device == "cuda":
         raise ConfigError(
-            f"{policy.name} applies stale gradients through a parameter server: it runs on "
-            "--engine ps only, on CPU (no --device cuda, --salvage or --allreduce)"
+            f"{policy.name} applies stale gradients through a parameter server: it runs on CPU "
+            "only (no --device cuda)"
         )
-    return "async"
 
 
 @dataclass
@@ -69,7 +59,7 @@ class EngineResult:
     trace_files: list[Path]
     interrupted: bool
     final_eval_loss: float | None
-    extras: dict  # what the engine variant adds to the summary (collective: join lag, replicas)
+    extras: dict  # what the engine adds to the summary
 
 
 def run_engine(
@@ -83,11 +73,10 @@ def run_engine(
     """Run iterations ``[start, cfg.iterations)``; the engine loop is this process."""
     P.quiet_c10d_logs()
     torch.set_num_threads(1)  # the engine shares the machine with its workers; decisions stay fast
-    kind = variant(cfg, policy)
-    engine_class, worker_main = VARIANTS[kind]
+    check_asynchronous(cfg, policy)
     tr = Torchrun.from_env()
     if tr:
-        cfg = tr.server_config(cfg)
+        cfg = server_config(tr, cfg)
         c10d = P.open_store(tr.addr, tr.port, not tr.agent_store, cfg.timeout_s)
     else:
         c10d = P.open_store(cfg.host, 0, True, cfg.timeout_s)
@@ -95,15 +84,12 @@ def run_engine(
     start = int(resume["next_iteration"]) if resume else 0
     workload = load_workload(cfg.workload, seed=cfg.seed)
     if fields := workload.loop_only():
-        raise ConfigError(f"workload {cfg.workload!r} sets {', '.join(fields)}: the {kind} engine "
-                          "trains with its own SGD; run it with --engine loop")  # fmt: skip
-    if kind == "collective":
-        publish_settings(c10d, cfg, tr is not None, workload, checkpointed=run_dir is not None)
-    c10d.set(P.VARIANT_KEY, kind)
+        raise ConfigError(f"workload {cfg.workload!r} sets {', '.join(fields)}: the parameter "
+                          "server trains with its own SGD; train it with a synchronous policy")  # fmt: skip
     c10d.set(P.START_KEY, str(start))
     c10d.set(P.T0_KEY, repr(time.time()))
     writer = TraceWriter(TraceStore(traces), batch_rows=MAX_PENDING_ROWS)
-    engine = engine_class(cfg, c10d, workload, policy, writer, alive=lambda w: True)
+    engine = AsyncServer(cfg, c10d, workload, policy, writer, alive=lambda w: True)
     if resume:
         engine.load_state(resume)
     procs: list[mp.Process] = []
@@ -114,7 +100,7 @@ def run_engine(
     try:
         if not tr:  # (torchrun: timeouts tell)
             engine.alive = lambda w: w < len(procs) and procs[w].is_alive()
-            spawn_workers(cfg, c10d.port, worker_main, procs)
+            spawn_workers(cfg, c10d.port, async_worker_main, procs)
         engine.run(start, _with_checkpoints(engine, on_iteration, ckpt))
         engine.run_announced(announced)
     except KeyboardInterrupt:
@@ -148,7 +134,7 @@ def run_engine(
 
 def spawn_workers(cfg: EngineConfig, port: int, main, procs: list[mp.Process]) -> None:
     """Start the workers (into ``procs``, so a Ctrl-C midway leaves every started one to reap),
-    each through :func:`bdsgd.stages.engine.spawned.run`, which ignores SIGINT before it imports
+    each through :func:`bdsgd.stages.wire.spawned.run`, which ignores SIGINT before it imports
     ``main``'s module."""
     ctx = mp.get_context("spawn")
     target = f"{main.__module__}:{main.__qualname__}"
@@ -160,44 +146,21 @@ def spawn_workers(cfg: EngineConfig, port: int, main, procs: list[mp.Process]) -
         procs.append(proc)
 
 
-@dataclass(frozen=True)
-class Torchrun:
-    """This process's place in a ``torchrun`` launch: global rank 0 runs the engine (the
-    collective engine's coordinator, or the parameter server), every other rank is a worker; the
-    control store is torchrun's own (MASTER_ADDR:MASTER_PORT)."""
-
-    rank: int
-    world_size: int
-    addr: str
-    port: int
-    agent_store: bool
-
-    @staticmethod
-    def from_env() -> Torchrun | None:
-        env = os.environ
-        if not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-            return None
-        return Torchrun(
-            int(env["RANK"]),
-            int(env["WORLD_SIZE"]),
-            env["MASTER_ADDR"],
-            int(env["MASTER_PORT"]),
-            env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+def check_world(tr: Torchrun, workers: int) -> None:
+    """Under torchrun rank 0 runs the parameter server: the workers are the other ranks."""
+    if workers != tr.world_size - 1:
+        raise ConfigError(
+            f"under torchrun --workers must be the world size minus one (rank 0 runs the "
+            f"parameter server): {tr.world_size - 1}, got {workers}"
         )
 
-    def check(self, workers: int) -> None:
-        if workers != self.world_size - 1:
-            raise ConfigError(
-                f"under torchrun --workers must be the world size minus one (rank 0 runs the "
-                f"engine): {self.world_size - 1}, got {workers}"
-            )
 
-    def server_config(self, cfg: EngineConfig) -> EngineConfig:
-        """Other machines must reach rank 0's sockets (the parameter server's gloo group):
-        loopback, or a wildcard (which gloo cannot bind), becomes this host's address."""
-        self.check(cfg.workers)
-        host = default_bind_host() if cfg.host in ("127.0.0.1", *WILDCARDS) else cfg.host
-        return dataclasses.replace(cfg, host=host)
+def server_config(tr: Torchrun, cfg: EngineConfig) -> EngineConfig:
+    """Other machines must reach rank 0's sockets (the parameter server's gloo group):
+    loopback, or a wildcard (which gloo cannot bind), becomes this host's address."""
+    check_world(tr, cfg.workers)
+    host = default_bind_host() if cfg.host in ("127.0.0.1", *WILDCARDS) else cfg.host
+    return dataclasses.replace(cfg, host=host)
 
 
 WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
@@ -212,19 +175,18 @@ def advertised_host(host: str) -> str:
 
 
 def run_torchrun_worker(cfg: EngineConfig, tr: Torchrun) -> None:
-    """Body of a worker rank under torchrun; the engine's variant (in the store) says which
-    worker loop to run."""
-    tr.check(cfg.workers)
+    """Body of a worker rank under torchrun: the asynchronous worker loop."""
+    check_world(tr, cfg.workers)
     P.quiet_c10d_logs()
     default_sigterm()  # (torchrun's agent ends its ranks with SIGTERM)
     try:
         wait_s = cfg.start_timeout_s + cfg.timeout_s  # (the engine rank may start last)
-        kind = P.open_store(tr.addr, tr.port, False, wait_s).get(P.VARIANT_KEY).decode()
+        P.open_store(tr.addr, tr.port, False, wait_s).get(P.START_KEY)
     except dist.DistError:
         raise WorkerError(f"no word from the engine within {wait_s:g} s") from None
     local_rank = int(os.environ.get("LOCAL_RANK", tr.rank - 1))
     spec = WorkerSpec(tr.rank, tr.addr, tr.port, default_bind_host(), cfg, local_rank)
-    VARIANTS[kind][1](spec)
+    async_worker_main(spec)
 
 
 def kill_unstarted(procs: list[mp.Process], c10d) -> None:
@@ -243,20 +205,6 @@ def kill_declared_dead(procs: list[mp.Process], dead: dict[int, int]) -> None:
         if 0 <= w < len(procs) and procs[w].is_alive():
             with contextlib.suppress(Exception):
                 procs[w].kill()
-
-
-def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
-    """Wait (bounded) for the workers to exit, then kill them (they ignore SIGTERM:
-    :mod:`bdsgd.stages.engine.spawned`)."""
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        proc.join(max(deadline - time.monotonic(), 0.1))
-    killed = [proc for proc in procs if proc.is_alive()]
-    for proc in killed:
-        proc.kill()
-    deadline = time.monotonic() + KILLED_EXIT_S
-    for proc in killed:  # a killed process still unmaps its memory: the command outlives it
-        proc.join(max(deadline - time.monotonic(), 0.1))
 
 
 def _stop_ignored(on_iteration):

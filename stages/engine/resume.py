@@ -5,14 +5,9 @@ each written once).
 
 A state holding the whole log would cost more the longer the run (0.1 s at 10^4 iterations,
 0.55 s at 10^5, every 25 iterations). So a row moves into a segment once ``SETTLE_ROWS`` later
-rows exist (its held-out loss, which a collective engine fills in an iteration or two later, is
-in by then), and the state holds the rows after the last segment: it costs the same at iteration
+rows exist (a late held-out loss is in by then), and the state holds the rows after the last segment: it costs the same at iteration
 10^6 as at 10^3. Every file is written under a temporary name and renamed into place, segments
 before the state that counts them, and read with ``weights_only`` (plain lists, no code).
-
-The state file was named ``server_state.pt`` (:data:`LEGACY_STATE_FILE`) by earlier versions,
-also where no server ran; a run directory holding it resumes from it (:func:`state_path`), and
-the first state written replaces it.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from bdsgd.stages.errors import CheckpointError
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
 STATE_FILE = "engine_state.pt"
-LEGACY_STATE_FILE = "server_state.pt"  # the same state, as earlier versions named it
 LOG_DIR = "log"
 SEGMENT_ROWS = 1024  # iteration-log rows per segment file
 SETTLE_ROWS = 64  # rows after a segment before it is written (late held-out losses are in)
@@ -36,11 +30,8 @@ def segment_path(run_dir: Path, k: int) -> Path:
 
 
 def state_path(run_dir: Path) -> Path:
-    """The state file ``run_dir`` resumes from: :data:`STATE_FILE`, or the legacy name where
-    only that exists (a run directory written by an earlier version)."""
-    legacy = run_dir / LEGACY_STATE_FILE
-    current = run_dir / STATE_FILE
-    return legacy if legacy.exists() and not current.exists() else current
+    """The state file ``run_dir`` resumes from."""
+    return run_dir / STATE_FILE
 
 
 class Checkpointer:
@@ -64,7 +55,6 @@ class Checkpointer:
         tail = {k: v[done:] for k, v in log.items()}
         save_atomic({**state, "log": tail, "log_segments": self.segments},
                     self.run_dir / STATE_FILE, then)  # fmt: skip
-        (self.run_dir / LEGACY_STATE_FILE).unlink(missing_ok=True)  # (superseded: ours)
 
 
 def with_whole_log(run_dir: Path, state: dict) -> dict:

@@ -1,12 +1,7 @@
-"""What every worker process does, whichever engine it serves: set up its workload, data stream
-and column of injected delays, compute a gradient micro-batch by micro-batch (abandoning it when
-told), time it, and report it (:class:`WorkerReport`). Then the synchronous parameter-server
-worker (:class:`PsWorker`): wait for parameters, wait out the injected delay, compute, take a
-ticket, send the gradient if admitted.
-
-Stragglers abandon an iteration as soon as its cut key appears (during the delay at once, during
-computation at the next micro-batch boundary). When every worker is admitted (c = their number)
-no ticket can cut anyone, so the computation skips those checks.
+"""What every parameter-server worker process does: set up its workload, data stream and column
+of injected delays, compute a gradient micro-batch by micro-batch (abandoning it when told), time
+it, and report it (:class:`WorkerReport`). The asynchronous loop around it is
+:mod:`bdsgd.stages.engine.async_worker`.
 """
 
 from __future__ import annotations
@@ -21,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.engine.config import EngineConfig
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError
 from bdsgd.stages.signals import ignore_ctrl_c
 from bdsgd.stages.stragglers import parse_stragglers
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.report import WorkerReport
 from bdsgd.stages.workloads import Workload, error_line, load_workload
 
 
@@ -71,15 +66,6 @@ class WorkerProcess:
         self.delays = model.column(cfg.iterations, cfg.workers, self.w)
         self.c10d = P.open_store(spec.store_host, spec.store_port, False, cfg.timeout_s)
         self.t0_epoch = float(self.c10d.get(P.T0_KEY).decode())  # the engine's clock origin
-        self.starting = True  # until the first announcement: the engine waits for every worker
-
-    def wait_announcement(self, t: int) -> str:
-        """:func:`wait_announcement` of iteration t; the first also waits out the other
-        workers' start-up (``--start-timeout``), which the engine waits for before it announces."""
-        start_s = self.spec.cfg.start_timeout_s if self.starting else 0.0
-        announced = wait_announcement(self.c10d, t, self.spec.cfg.timeout_s, self.w, start_s)
-        self.starting = False
-        return announced
 
     def mark_ready(self) -> None:
         """Tell the engine this worker has started (it counts no iteration time before)."""
@@ -157,69 +143,6 @@ class WorkerProcess:
             self.w, j, grad.start_s, grad.runtime_s, loss, grad.delay_s, version, grad.loss is None
         )
 
-    def take_ticket(self, t: int, limit: int, report: WorkerReport) -> bool:
-        """Take iteration t's next ticket; tickets up to ``limit`` (c, or the live count for an
-        online iteration) are admitted and name themselves with the report, ticket c cuts the
-        rest. Returns whether this worker is admitted."""
-        ticket = self.c10d.add(P.ticket_key(t), 1)
-        if ticket > limit:
-            return False
-        self.c10d.set(P.arrival_key(t, ticket), report.encode())
-        if ticket == limit and not self.online:
-            self.c10d.set(P.cut_key(t), repr(time.time()))
-        return True
-
-    online = False  # whether the iteration under way is decided by the engine (set per iteration)
-
-
-class PsWorker(WorkerProcess):
-    def __init__(self, spec: WorkerSpec):
-        super().__init__(spec)
-        self.generation, self.group, self.members = -1, None, [0]
-        size = sum(p.numel() for p in self.model.parameters())
-        # the model's parameters and gradients live inside the payloads: no copies per iteration
-        self.params = torch.zeros(P.PARAM_HEADER + size)
-        self.grad = torch.zeros(size)
-        P.bind_flat(self.model.parameters(), self.params[P.PARAM_HEADER :], self.grad)
-
-    def run(self) -> None:
-        t = int(self.c10d.get(P.START_KEY).decode())
-        self.mark_ready()
-        while t < self.spec.cfg.iterations:
-            announced = self.wait_announcement(t)
-            if announced == P.STOP:
-                return
-            self.join_generation(int(announced))
-            try:
-                t = self.iteration()
-            except (RuntimeError, dist.DistError):  # (gloo's own errors are RuntimeError)
-                if run_ended(self.c10d, t):
-                    return  # cut in the last iteration and left behind: the run is done
-                raise
-
-    def join_generation(self, generation: int) -> None:
-        if generation != self.generation:
-            self.members = P.decode_members(self.c10d.get(P.members_key(generation)))
-            check_member(self.spec, self.members)
-            cfg = self.spec.cfg
-            self.group = P.build_group(
-                self.c10d, generation, self.members, self.spec.worker_id, self.spec.bind_host,
-                cfg.timeout_s,
-            )  # fmt: skip
-            self.generation = generation
-
-    def iteration(self) -> int:
-        """Run the announced iteration; returns the next iteration index."""
-        self.group.recv([self.params], 0, P.PARAMS_TAG).wait()
-        t, cutoff = (int(v) for v in self.params[: P.PARAM_HEADER].tolist())
-        workers = len(self.members) - 1
-        self.online = cutoff == P.ONLINE
-        limit = workers if self.online else cutoff
-        grad = self.compute(t, P.cut_key(t), cuttable=limit < workers or self.online)
-        if grad.loss is not None and self.take_ticket(t, limit, self.report(t, grad)):
-            self.group.send([self.grad], 0, P.GRAD_TAG).wait()
-        return t + 1
-
 
 class WorkloadError(Exception):
     """The workload's own code failed in a worker (its batch, model, loss or backward)."""
@@ -248,42 +171,13 @@ class Excluded(Exception):
     without it: it ends quietly."""
 
 
-def wait_announcement(
-    store: dist.Store, t: int, timeout_s: float, w: int, start_s: float = 0.0
-) -> str:
-    """Block until the engine announces iteration t. The wait outlasts the engine's own
-    (twice ``timeout_s``, plus ``start_s`` while the engine waits for the workers to start):
-    the engine gives up on a worker, and regroups the others, before a healthy worker gives up
-    on the engine; the engine's death ends the wait."""
-    wait_s = 2 * timeout_s + start_s
-    if not P.wait_key(store, P.go_key(t), wait_s):
-        raise TimeoutError(f"worker {w}: no word from the engine for {wait_s:g}s")
-    return store.get(P.go_key(t)).decode()
-
-
-def run_ended(store: dist.Store, t: int) -> bool:
-    """Whether the server stopped the run after iteration t (it announces the stop before it
-    closes the group): a worker cut in the run's last iteration finds the group closed while it
-    still waits for that iteration's parameters, and has not failed (under torchrun a failing
-    rank fails its node). False when the store cannot tell."""
-    try:
-        return store.check([P.go_key(t + 1)]) and store.get(P.go_key(t + 1)).decode() == P.STOP
-    except (RuntimeError, dist.DistError):
-        return False
-
-
-def check_member(spec: WorkerSpec, members: list[int]) -> None:
-    if spec.worker_id not in members:
-        raise Excluded(f"worker {spec.worker_id - 1}: excluded from the run")
-
-
 def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     """Entry point of a spawned worker process of any kind. Ctrl-C is the engine's to handle; a
     worker ends when told to stop, when its work is done, or when the engine or a peer goes away
     (quietly: the engine says why). An error of the workload's own code (its model failing, a
     GPU out of memory) is one line on stderr before it exits: the engine only sees a dead
     worker."""
-    ignore_ctrl_c()  # (already, when spawned: bdsgd.stages.engine.spawned)
+    ignore_ctrl_c()  # (already, when spawned: bdsgd.stages.wire.spawned)
     P.quiet_c10d_logs()
     torch.set_num_threads(1)
     try:
@@ -296,10 +190,6 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
         raise SystemExit(1) from None
     except (TimeoutError, RuntimeError, dist.DistError):  # gloo's own errors are RuntimeError
         raise SystemExit(1) from None
-
-
-def ps_worker_main(spec: WorkerSpec) -> None:
-    worker_entry(lambda s: PsWorker(s).run(), spec)
 
 
 def default_bind_host() -> str:

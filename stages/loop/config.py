@@ -11,6 +11,7 @@ from pathlib import Path
 from bdsgd.stages.errors import ConfigError
 
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+MAX_ITERATIONS = 1 << 31  # the length of a rank's column of injected delays
 ADAM_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adafactor", "Adagrad", "RMSprop")
 
 
@@ -149,3 +150,22 @@ def lr_factor(rule: str, share: float) -> float:
     """The learning-rate multiplier for an admitted share ``share`` of the nominal samples."""
     share = min(max(share, 0.0), 1.0)
     return {"linear": share, "sqrt": math.sqrt(share), "none": 1.0}[rule]
+
+
+def _stragglers(cfg: LoopConfig, world: int, rank: int):
+    """This rank's column of injected delays (None: none) and the emulated hosts of the
+    straggler model (None: the machines' own names)."""
+    if cfg.stragglers == "none":
+        return None, None
+    from bdsgd.stages.stragglers import parse_stragglers
+
+    model = parse_stragglers(cfg.stragglers, seed=cfg.seed, time_scale=cfg.time_scale)
+    return model.column(MAX_ITERATIONS, world, rank), model.host_of(world)
+
+
+def straggler_delays(spec: str, world: int, rank: int, seed: int = 0, time_scale: float = 1.0):
+    """Rank ``rank``'s injected delays of a ``--stragglers`` spec (``.at(step)``, seconds), or
+    None for ``none``: what :class:`Cutoff` waits out, for a script without bdsgd that is to
+    meet the same emulated cluster."""
+    cfg = LoopConfig(stragglers=spec, seed=seed, time_scale=time_scale)
+    return _stragglers(cfg, world, rank)[0]

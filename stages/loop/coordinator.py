@@ -8,12 +8,12 @@ Per iteration t it asks the policy for c when the rank it lives with begins t
 the ticket counter (``n/<t>`` + ``CLOSED``: the ranks that took a ticket before are admitted,
 every later one is cut) and sets ``cut/<t>``, which the ranks still computing see at their next
 micro-batch. The coordinator announces the policy's c in the ticket counter
-(:func:`~bdsgd.stages.engine.protocol.announce_limit`) and the rank that takes ticket c sets the
+(:func:`~bdsgd.stages.wire.keys.announce_limit`) and the rank that takes ticket c sets the
 cut itself, one round trip after its ticket, without waiting for the coordinator to read c
 reports (at 1,024 ranks that read left the cut ~10 ms behind the c-th arrival,
 ``benchmarks/control_plane.py``); the coordinator's own close then changes nothing. An online
 policy's c stands until it is revised: after each revision the coordinator moves the announced c
-(:func:`~bdsgd.stages.engine.protocol.move_limit`), so its cut too is set by the rank that takes
+(:func:`~bdsgd.stages.wire.keys.move_limit`), so its cut too is set by the rank that takes
 the ticket of the c standing then, which the policy chose from the reports read before it (a
 revision lowered below the tickets already taken is cut by the coordinator at its next read). Arrivals exactly and the rest censored at the cut go to the policy, the trace rows
 (schema v1) and the iteration log, which the run directory keeps for ``bdsgd report``.
@@ -31,22 +31,31 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir
-from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.janitor import KeyJanitor
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, first_line
-from bdsgd.stages.loop.config import LoopConfig, source_of
+from bdsgd.stages.loop.config import LoopConfig, source_of, straggler_delays
 from bdsgd.stages.loop.relay import own_connection
+from bdsgd.stages.policies.base import observe_run
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.smoothing import time_to_loss
 from bdsgd.stages.store import TraceStore, TraceWriter
-from bdsgd.stages.train import observe_run, time_to_loss
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.janitor import KeyJanitor
+from bdsgd.stages.wire.report import WorkerReport
 
 IDLE_WAIT_S = 5.0  # longest single store wait for an arrival when no tick is due
 MIN_WAIT_S = 0.001  # shortest store wait before a due tick
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 MIN_RANKS_TO_NAME = 3  # with fewer ranks, "slower than the median" says nothing
 SLOW_FACTOR = 1.2  # a rank whose median run-time is this much above the cluster's is named
+
+
+def cutoff_of(outcome, world: int) -> int | None:
+    """The trace rows' ``cutoff``: the c the policy used (its choice, or the revision that cut),
+    None when it awaited every gradient."""
+    if outcome.chosen_c < world:
+        return outcome.chosen_c
+    return outcome.c if outcome.c < world else None
 
 
 class LoopCoordinator:
@@ -77,6 +86,7 @@ class LoopCoordinator:
         self.logged_through = -1  # the last iteration in the log
         self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
         self.rows_added = 0
+        self.delay_columns: dict = {}  # rank -> its injected delays (cut ranks' rows)
         self.replayed = 0  # a resumed run: iterations of its traces fed to the policy
         self.error: BaseException | None = None
         self.abandoned = False  # close() of a broken loop: the iteration watched never ends
@@ -174,7 +184,7 @@ class LoopCoordinator:
 
     def _stand(self, t: int) -> bool:
         """Announce the driver's c in iteration t's ticket counter, or move it there after an
-        online policy's revision (:func:`~bdsgd.stages.engine.protocol.move_limit`): the rank
+        online policy's revision (:func:`~bdsgd.stages.wire.keys.move_limit`): the rank
         whose ticket is the c standing when it takes it cuts, without waiting for this thread to
         read the reports before it. A c of every rank is no cut: nothing stands. Whether the
         counter was closed when moved (the holder of a c that stood before cut)."""
@@ -261,7 +271,7 @@ class LoopCoordinator:
         self.runtimes.append(outcome.runtimes.copy())
         self.censored.append(outcome.censored.copy())
         if self.writer is not None and t > self.skip_through:
-            self._add_rows(t, began, outcome, reports, None if c >= self.world else c)
+            self._add_rows(t, began, outcome, reports, cutoff_of(outcome, self.world))
 
     def _add_rows(self, t, began, outcome, reports, cutoff) -> None:
         by_worker = {rep.worker: rep for rep in reports}
@@ -270,8 +280,8 @@ class LoopCoordinator:
         for w in range(self.world):
             rep = by_worker.get(w)
             if rep is None:
-                rep = WorkerReport(w, t, start, float(outcome.runtimes[w]), math.nan, 0.0,
-                                   censored=True)  # fmt: skip
+                rep = WorkerReport(w, t, start, float(outcome.runtimes[w]), math.nan,
+                                   self.injected_delay(w, t), censored=True)  # fmt: skip
             rows.append(rep)
         columns = {k: [v[k] for v in (r.trace_values() for r in rows)] for k in
                    rows[0].trace_values()}  # fmt: skip
@@ -286,6 +296,17 @@ class LoopCoordinator:
         self.rows_added += n
         if (t + 1) % self.cfg.record_every == 0:
             self.writer.flush()
+
+    def injected_delay(self, w: int, t: int) -> float:
+        """The delay ``--stragglers`` injects into rank w's iteration t (a cut rank's row
+        carries it as a finished one does)."""
+        if self.cfg.stragglers == "none":
+            return 0.0
+        if w not in self.delay_columns:
+            self.delay_columns[w] = straggler_delays(self.cfg.stragglers, self.world, w,
+                                                     self.cfg.seed, self.cfg.time_scale)  # fmt: skip
+        column = self.delay_columns[w]
+        return 0.0 if column is None else float(column.at(t))
 
     # -- the log and the run directory ----------------------------------------------------------
     def _drain(self, through: int) -> None:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.loop.config import LoopConfig
 from bdsgd.stages.loop.group_exit import release_default_group
 from bdsgd.stages.loop.rank import Cutoff
+from bdsgd.stages.smoothing import ALPHA as SMOOTHING
+from bdsgd.stages.wire import keys as P
 from bdsgd.stages.workloads import (
     Workload,
     backend_for,
@@ -37,7 +38,6 @@ STOP_KEY = "bdsgd/stop"  # set by the launcher (Ctrl-C): stop after an iteration
 FAILED_KEY = "bdsgd/failed"  # ranks that failed
 FAILURE_KEY = "bdsgd/failure"  # the first one's error, one line
 PROGRESS_EVERY_S = 0.25  # rank 0 updates the progress key at most this often
-SMOOTHING = 0.1  # the training loss EWMA of --stop-at-target (as train.SmoothedLoss)
 
 
 @dataclass(frozen=True, kw_only=True)

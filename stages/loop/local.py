@@ -2,7 +2,7 @@
 the c10d store (loopback unless the user names an address) and watches; it is no rank, and the
 coordinator is a thread beside rank 0's loop, so every rank trains.
 
-Each rank starts through :mod:`bdsgd.stages.engine.spawned` (SIGINT and SIGTERM ignored: a
+Each rank starts through :mod:`bdsgd.stages.wire.spawned` (SIGINT and SIGTERM ignored: a
 Ctrl-C is this process's to handle: the ranks stop after one iteration, save and close; a second
 Ctrl-C ends them at once). A rank that exits with an error, a start that takes longer
 than ``start_timeout_s`` or a run whose progress stalls longer than twice the timeout ends every
@@ -18,9 +18,6 @@ import time
 from collections.abc import Callable
 
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine import spawned
-from bdsgd.stages.engine.launch import join_or_kill
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.loop.job import (
     FAILURE_KEY,
@@ -30,6 +27,9 @@ from bdsgd.stages.loop.job import (
     RankSpec,
     rank_main,
 )
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire import spawned
+from bdsgd.stages.wire.spawned import join_or_kill
 
 POLL_S = 0.1
 

@@ -27,17 +27,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError, first_line
 from bdsgd.stages.ids import new_run_id
-from bdsgd.stages.loop.config import LoopConfig, lr_factor, lr_rule, source_of
+from bdsgd.stages.loop.config import (
+    LoopConfig,
+    _stragglers,
+    lr_factor,
+    lr_rule,
+    source_of,
+)
 from bdsgd.stages.loop.group_exit import release_default_group
 from bdsgd.stages.loop.relay import NodeCut, wants_relay
 from bdsgd.stages.loop.timing import ComputeTimer
 from bdsgd.stages.safe_load import load_plain, save_atomic
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.report import WorkerReport
 
-MAX_ITERATIONS = 1 << 31  # the length of a rank's column of injected delays
 STATS = 5  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned
 # samples, ranks that asked the job to stop
 CHECKPOINT_VERSION = 1
@@ -521,7 +526,7 @@ class Iteration:
     def _take_ticket(self, runtime: float) -> bool:
         """Arrive: a ticket taken before the counter was closed admits this rank's gradient,
         and its report goes under the ticket for the coordinator. The holder of ticket c of an
-        iteration whose c was announced cuts it first (:func:`~bdsgd.stages.engine.protocol.cut_at_limit`)."""
+        iteration whose c was announced cuts it first (:func:`~bdsgd.stages.wire.keys.cut_at_limit`)."""
         cut = self.cut
         ticket = P.decode_ticket(cut.c10d.add(P.ticket_key(self.t), 1))
         if ticket.closed:
@@ -663,22 +668,3 @@ def _gather(value) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
-
-
-def _stragglers(cfg: LoopConfig, world: int, rank: int):
-    """This rank's column of injected delays (None: none) and the emulated hosts of the
-    straggler model (None: the machines' own names)."""
-    if cfg.stragglers == "none":
-        return None, None
-    from bdsgd.stages.stragglers import parse_stragglers
-
-    model = parse_stragglers(cfg.stragglers, seed=cfg.seed, time_scale=cfg.time_scale)
-    return model.column(MAX_ITERATIONS, world, rank), model.host_of(world)
-
-
-def straggler_delays(spec: str, world: int, rank: int, seed: int = 0, time_scale: float = 1.0):
-    """Rank ``rank``'s injected delays of a ``--stragglers`` spec (``.at(step)``, seconds), or
-    None for ``none``: what :class:`Cutoff` waits out, for a script without bdsgd that is to
-    meet the same emulated cluster."""
-    cfg = LoopConfig(stragglers=spec, seed=seed, time_scale=time_scale)
-    return _stragglers(cfg, world, rank)[0]

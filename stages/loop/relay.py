@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable
 
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.errors import BdsgdError, first_line
+from bdsgd.stages.wire import keys as P
 
 LOCAL_HOST = "127.0.0.1"
 WAIT_S = 30.0

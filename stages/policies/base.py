@@ -92,3 +92,14 @@ class Policy(abc.ABC):
     def describe(self) -> dict:
         """Extra per-iteration values the driver records (e.g. predicted quantiles)."""
         return {}
+
+
+def observe_run(policy: Policy, run, before: int | None = None) -> int:
+    """Feed ``policy`` a run's iterations (before ``before``) as it saw them: arrivals exactly,
+    the rest censored; returns how many."""
+    rows = np.flatnonzero(run.present[:before].any(axis=1))
+    for t in rows:
+        seen = run.present[t]  # a worker with no row (dead) is censored at the slowest seen
+        runtimes = np.where(seen, run.runtimes[t], run.runtimes[t][seen].max())
+        policy.observe(runtimes, run.censored[t] | ~seen)
+    return int(rows.size)

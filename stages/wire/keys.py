@@ -1,6 +1,6 @@
 """The wire: every c10d store key, every encoding and every process group that the engine
 process and its workers share, for all three variants (parameter server, collective, asynchronous).
-A worker process imports this module, :mod:`bdsgd.stages.engine.worker_report` and its loop, and
+A worker process imports this module, :mod:`bdsgd.stages.wire.report` and its loop, and
 nothing of the engine's side (the trace store, polars, pyarrow, rich).
 
 Keys, by who reads them (``<t>`` an iteration, ``<g>`` a generation, ``<w>`` a trace worker):
@@ -33,8 +33,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.errors import WorkerError
+from bdsgd.stages.wire.report import WorkerReport
 
 # -- every variant ----------------------------------------------------------------------------
 VARIANT_KEY = "engine/mode"  # "ps", "collective" or "async": what a torchrun worker rank runs

@@ -5,7 +5,7 @@ traceback, or die before the engine could stop it between iterations. So SIGINT 
 ignored here first (:func:`bdsgd.stages.signals.ignore_interrupts`), and only then is the
 worker's module imported. This module imports the standard library and
 :mod:`bdsgd.stages.signals` alone (which imports the standard library alone), and the worker's
-spec comes pickled (unpickling it imports the worker side: :mod:`bdsgd.stages.engine.worker`).
+spec comes pickled (unpickling it imports the worker side).
 
 An engine's worker exits at once when its loop returns (``exit_at_once``): what it reports has
 gone to the engine by then (the control store, its gloo group). The interpreter's finalisation
@@ -24,12 +24,16 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import multiprocessing as mp
 import os
 import pickle
 import sys
+import time
 import traceback
 
 from bdsgd.stages.signals import ignore_interrupts
+
+KILLED_EXIT_S = 30.0  # how long a SIGKILLed worker may take to exit (seconds on a loaded machine)
 
 
 def run(target: str, spec: bytes, exit_at_once: bool = False) -> None:
@@ -76,3 +80,16 @@ def exit_now(code: int) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     os._exit(code)
+
+
+def join_or_kill(procs: list[mp.Process], grace_s: float = 10.0) -> None:
+    """Wait (bounded) for the workers to exit, then kill them (they ignore SIGTERM)."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(deadline - time.monotonic(), 0.1))
+    killed = [proc for proc in procs if proc.is_alive()]
+    for proc in killed:
+        proc.kill()
+    deadline = time.monotonic() + KILLED_EXIT_S
+    for proc in killed:  # a killed process still unmaps its memory: the command outlives it
+        proc.join(max(deadline - time.monotonic(), 0.1))

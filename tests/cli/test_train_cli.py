@@ -15,14 +15,14 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import torch
-from bdsgd.stages.engine.collective import LOOKAHEAD
 from bdsgd.stages.engine.resume import STATE_FILE
+from bdsgd.stages.loop_runs import CHECKPOINT
 from bdsgd.stages.store import TraceStore
 
 from tests.cli.test_profile_cli import BDSGD, bdsgd
 from tests.processes import kill_session, run_in_session, start_in_session, stderr_of
 from tests.stages.engine import write_replay_trace
-from tests.stages.engine.test_protocol import listening_addresses
+from tests.stages.wire.test_keys import listening_addresses
 
 SPEC_KEYS = {
     "policy",
@@ -187,14 +187,14 @@ def make(seed=0):
 """
 
 
-@pytest.mark.parametrize("engine", ["ps", "collective"])
-def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_path, engine):
+@pytest.mark.parametrize("policy", ["full", "async"])
+def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_path, policy):
     """The workers' own error (here torch's shape mismatch) reaches the user, one line per
     worker, before the engine's own one-line error; without it they died silently. (A worker
     may be stopped by the engine's end before its first micro-batch: at least one reports.)"""
     (tmp_path / "badwl.py").write_text(BAD_WORKLOAD)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    args = ["--workers", "2", "--iterations", "5", "--policy", "full", "--engine", engine,
+    args = ["--workers", "2", "--iterations", "5", "--policy", policy,
             "--workload", "badwl:make", "--traces", str(tmp_path / "t"),
             "--out", str(tmp_path / "run")]  # fmt: skip
     done = run_in_session([BDSGD, "train", *args], timeout=120, env=env)
@@ -291,9 +291,14 @@ only the test's own timeout (300 s) bounds it."""
 def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path) -> None:
     """Until the run's first checkpoint is written (or the run ended: the test then fails on
     what it says)."""
-    path = run_dir / STATE_FILE
-    wait_until(lambda: path.exists() or proc.poll() is not None, STARTUP_S, "a checkpoint")
-    assert path.exists(), f"the run ended before its first checkpoint: {stderr_of(proc)}"
+    wait_until(lambda: checkpoint_of(run_dir) or proc.poll() is not None, STARTUP_S,
+               "a checkpoint")  # fmt: skip
+    assert checkpoint_of(run_dir), f"the run ended before its first checkpoint: {stderr_of(proc)}"
+
+
+def checkpoint_of(run_dir: Path) -> Path | None:
+    """The run's checkpoint: the library's loop's, or the parameter server's."""
+    return next((p for p in (run_dir / CHECKPOINT, run_dir / STATE_FILE) if p.exists()), None)
 
 
 def start_train(
@@ -389,10 +394,8 @@ def test_a_default_train_listens_on_loopback_alone(tmp_path):
 )
 def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped):
     """A target every loss is below, or a budget the first iteration spends: the run stops
-    after that iteration and the ones already announced to the replicas (`full` is announced
-    in blocks of up to LOOKAHEAD once an iteration is timed; they run them before they see the
-    stop, so they are recorded too): its rows, run directory and checkpoint agree, and
-    summary.json says why."""
+    after that iteration (or the next, which the ranks may have begun before they saw the
+    stop): its rows, run directory and checkpoint agree, and summary.json says why."""
     done = bdsgd(
         "train", "--workers", "2", "--iterations", "1000", "--policy", "full",
         "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
@@ -401,7 +404,7 @@ def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     n = summary["iterations"]
-    assert 1 <= n <= 2 + LOOKAHEAD  # the first, then the next with the block announced with it
+    assert 1 <= n <= 2
     its = pq.read_table(tmp_path / "run" / "iterations.parquet").to_pydict()
     assert its["iteration"] == list(range(n))
     if stopped == "target":
@@ -411,7 +414,7 @@ def test_a_run_stops_early_at_its_target_or_wall_budget(tmp_path, flags, stopped
     rows = TraceStore(tmp_path / "traces").read()
     expected = [(t, w) for t in range(n) for w in (0, 1)]
     assert sorted(zip(rows["iteration"], rows["worker"], strict=True)) == expected
-    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    state = torch.load(checkpoint_of(tmp_path / "run"), weights_only=True)
     assert state["next_iteration"] == n  # a resumed run continues right after the last row
 
 
@@ -452,7 +455,7 @@ def test_resume_of_a_learning_policy_continues_warm(tmp_path):
         proc.wait(10)
     finally:
         kill_session(proc)
-    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    state = torch.load(checkpoint_of(tmp_path / "run"), weights_only=True)
     written = TraceStore(tmp_path / "traces").read()["iteration"].max() + 1
     resumed_at = max(state["next_iteration"], written)
     done = bdsgd("train", "--resume", str(tmp_path / "run"), "--json")

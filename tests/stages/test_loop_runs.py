@@ -1,4 +1,4 @@
-"""``bdsgd train/profile --engine loop``: the command line as a client of the library. Real ranks
+"""``bdsgd train`` and ``bdsgd profile`` on the library's loop: the command line as a client of the library. Real ranks
 over gloo on loopback, spawned by the command (which is no rank); every test reaps its session."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def finish(proc: subprocess.Popen, timeout: float = WAIT_S) -> tuple[int, str, s
 
 
 def train(tmp: Path, *extra: str, name: str = "run", env=None) -> tuple[int, str, str]:
-    args = ["train", "--engine", "loop", "--workers", "2", "--policy", "full",
+    args = ["train", "--workers", "2", "--policy", "full",
             "--workload", ADAMW, "--batch-size", "8", "--micro-batches", "2", "--lr", "0.01",
             "--traces", str(tmp / "traces"), "--out", str(tmp / name), *extra]  # fmt: skip
     return finish(start(*args, env=env))
@@ -76,7 +76,7 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
     AdamW's moments and the schedule end where a run without the interruption ends."""
     rc, _, err = train(tmp_path, "--iterations", "60", name="straight")
     assert rc == 0, err
-    proc = start("train", "--engine", "loop", "--workers", "2", "--policy", "full",
+    proc = start("train", "--workers", "2", "--policy", "full",
                  "--workload", ADAMW, "--batch-size", "8", "--micro-batches", "2", "--lr", "0.01",
                  "--traces", str(tmp_path / "traces2"), "--out", str(tmp_path / "cut"),
                  "--iterations", "60",
@@ -112,7 +112,7 @@ def test_a_run_interrupted_mid_way_resumes_to_the_state_of_an_uninterrupted_one(
 
 @pytest.mark.timeout(600)
 def test_a_rank_that_fails_ends_the_run_with_one_line_naming_it_and_no_process_left(tmp_path):
-    proc = start("train", "--engine", "loop", "--workers", "2", "--policy", "static:1",
+    proc = start("train", "--workers", "2", "--policy", "static:1",
                  "--workload", ADAMW, "--batch-size", "8", "--iterations", "40",
                  "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
                  env={"ADAMW_FAIL_AT": "1:5"})  # fmt: skip
@@ -131,7 +131,7 @@ def test_a_rank_that_fails_ends_the_run_with_one_line_naming_it_and_no_process_l
 
 @pytest.mark.timeout(600)
 def test_profile_on_loop_measures_every_rank_and_listens_on_loopback_alone(tmp_path):
-    proc = start("profile", "--engine", "loop", "--workers", "2", "--iterations", "400",
+    proc = start("profile", "--workers", "2", "--iterations", "400",
                  "--traces", str(tmp_path / "traces"), "--batch-size", "8",
                  "--stragglers", "synthetic:base_s=0.01")  # fmt: skip
     try:
@@ -152,7 +152,7 @@ def test_profile_on_loop_measures_every_rank_and_listens_on_loopback_alone(tmp_p
 
 def config(tmp_path, **values) -> TrainConfig:
     base = dict(workers=2, iterations=10, policy="full", traces=tmp_path / "t",
-                out=tmp_path / "o", engine="loop")  # fmt: skip
+                out=tmp_path / "o")  # fmt: skip
     return TrainConfig(**{**base, **values})
 
 
@@ -160,7 +160,6 @@ def config(tmp_path, **values) -> TrainConfig:
     ("values", "flag"),
     [
         ({"lr_scaling": "adascale"}, "adascale"),
-        ({"allreduce": "star"}, "--allreduce"),
         ({"min_workers": 2, "workers": 3}, "--min-workers"),
     ],
 )
@@ -179,27 +178,12 @@ def test_the_job_carries_the_train_flags_to_the_library(tmp_path):
     assert job.loop.out == str(cfg.out) and job.iterations == 10
 
 
-@pytest.mark.parametrize(
-    ("values", "engine"),
-    [
-        ({"workload": ADAMW}, "loop"),  # only the loop honours its optimizer
-        ({"workload": ADAMW, "policy": "k-async:1"}, "auto"),  # (refused by ps: asynchronous)
-        ({}, "auto"),  # a built-in workload: the collective engine decides
-        ({"workload": ADAMW, "engine": "collective"}, "collective"),  # (which refuses it)
-    ],
-)
-def test_engine_auto_is_the_loop_for_a_workload_with_its_own_optimizer(tmp_path, values, engine):
-    from bdsgd.stages.train import resolve_engine
-
-    assert resolve_engine(config(tmp_path, **{"engine": "auto", **values})).engine == engine
-
-
 @pytest.mark.timeout(300)
-def test_a_workload_with_its_own_optimizer_is_refused_by_the_engines_that_ignore_it(tmp_path):
-    rc, _, err = finish(start("train", "--engine", "collective", "--workers", "2", "--policy",
-                              "full", "--workload", ADAMW, "--iterations", "5", "--traces",
-                              str(tmp_path / "t"), "--out", str(tmp_path / "o")))  # fmt: skip
-    assert rc != 0 and "run it with --engine loop" in err.strip().splitlines()[-1], err
+def test_a_workload_with_its_own_optimizer_is_refused_by_the_parameter_server(tmp_path):
+    rc, _, err = finish(start("train", "--workers", "2", "--policy", "async", "--workload",
+                              ADAMW, "--iterations", "5", "--traces", str(tmp_path / "t"),
+                              "--out", str(tmp_path / "o")))  # fmt: skip
+    assert rc != 0 and "train it with a synchronous policy" in err.strip().splitlines()[-1], err
     assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bdsgd.stages.engine.base import StopRun
-from bdsgd.stages.engine.launch import variant
+from bdsgd.stages.engine.launch import check_asynchronous
 from bdsgd.stages.errors import CheckpointError, ConfigError
+from bdsgd.stages.smoothing import time_to_loss
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.train import (
     StopRule,
@@ -20,7 +21,6 @@ from bdsgd.stages.train import (
     prepare_run_dir,
     replay_async_history,
     resume_config,
-    time_to_loss,
 )
 
 
@@ -149,31 +149,27 @@ def test_resume_refuses_a_checkpoint_of_another_engine(tmp_path):
     cfg = config(tmp_path, policy="async")
     asynchronous = build_policy(cfg, ("h",) * 4)
     engine = cfg.engine_settings("r")
-    with pytest.raises(CheckpointError, match="written by the collective engine"):
-        check_resumable(resumable("collective"), cfg, engine, asynchronous)
+    with pytest.raises(CheckpointError, match="written by the ps engine"):
+        check_resumable(resumable("ps"), cfg, engine, asynchronous)
     check_resumable(resumable("async"), cfg, engine, asynchronous)
-    static = config(tmp_path, engine="ps")
-    with pytest.raises(CheckpointError, match="not by the ps engine"):
-        check_resumable(resumable("collective"), static, static.engine_settings("r"),
-                        build_policy(static, ("h",) * 4))  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("state", "error", "match"),
     [
-        (resumable("collective", workers=3, live=3), CheckpointError, "holds 3 workers"),
-        (resumable("collective", live=1), CheckpointError, "fewer than the run's --min-workers 2"),
-        (resumable("collective", next_iteration=10), ConfigError, "already run 10 iterations"),
+        (resumable("async", workers=3, live=3), CheckpointError, "holds 3 workers"),
+        (resumable("async", live=1), CheckpointError, "fewer than the run's --min-workers 2"),
+        (resumable("async", next_iteration=10), ConfigError, "already run 10 iterations"),
     ],
 )
 def test_resume_refuses_a_state_the_run_cannot_continue(tmp_path, state, error, match):
     """Another run's state (other N), too few workers left, or nothing left to run (a finished
     run is not run again, its summary stays)."""
-    cfg = config(tmp_path, min_workers=2)  # 4 workers, 10 iterations
+    cfg = config(tmp_path, min_workers=2, policy="async")  # 4 workers, 10 updates
     policy = build_policy(cfg, ("h",) * 4)
     with pytest.raises(error, match=match):
         check_resumable(state, cfg, cfg.engine_settings("r"), policy)
-    check_resumable(resumable("collective", live=2, next_iteration=9), cfg,
+    check_resumable(resumable("async", live=2, next_iteration=9), cfg,
                     cfg.engine_settings("r"), policy)  # fmt: skip
 
 
@@ -181,20 +177,20 @@ def test_resume_refuses_a_checkpoint_copied_from_another_run(tmp_path):
     """The run directory's config names the run it was started for; a checkpoint of another
     run (same engine, same N) is refused. A directory written before config.json named it
     resumes as before."""
-    cfg = config(tmp_path, run_id="train-mine")
+    cfg = config(tmp_path, run_id="train-mine", policy="async")
     policy = build_policy(cfg, ("h",) * 4)
     prepare_run_dir(cfg)
     cfg = resume_config(cfg.out)
     assert cfg.run_id == "train-mine"
     with pytest.raises(CheckpointError, match="belongs to run train-other, not to train-mine"):
-        check_resumable({**resumable("collective"), "run_id": "train-other"}, cfg,
+        check_resumable({**resumable("async"), "run_id": "train-other"}, cfg,
                         cfg.engine_settings("train-other"), policy)  # fmt: skip
-    check_resumable({**resumable("collective"), "run_id": "train-mine"}, cfg,
+    check_resumable({**resumable("async"), "run_id": "train-mine"}, cfg,
                     cfg.engine_settings("train-mine"), policy)  # fmt: skip
     older = {k: v for k, v in cfg.to_json().items() if k != "run_id"}  # written before it was
     (cfg.out / "config.json").write_text(json.dumps(older))
     cfg = resume_config(cfg.out)
-    check_resumable({**resumable("collective"), "run_id": "train-other"}, cfg,
+    check_resumable({**resumable("async"), "run_id": "train-other"}, cfg,
                     cfg.engine_settings("train-other"), policy)  # fmt: skip
 
 
@@ -210,23 +206,20 @@ def test_resume_refuses_a_checkpoint_copied_from_another_run(tmp_path):
 def test_resume_refuses_a_run_its_stop_rule_ended(tmp_path, settings, log, match):
     """Resumed, it would stop after one more iteration: it is refused as a finished run is. A
     run whose rule was not met resumes."""
-    cfg = config(tmp_path, **settings)
+    cfg = config(tmp_path, policy="async", **settings)
     policy = build_policy(cfg, ("h",) * 4)
     with pytest.raises(ConfigError, match=f"has already stopped: its {match}"):
-        check_resumable({**resumable("collective"), "log": log}, cfg, cfg.engine_settings("r"),
+        check_resumable({**resumable("async"), "log": log}, cfg, cfg.engine_settings("r"),
                         policy)  # fmt: skip
     early = {k: v[:1] for k, v in log.items()} | {"loss": [3.0]}
-    check_resumable({**resumable("collective"), "log": early}, cfg, cfg.engine_settings("r"),
+    check_resumable({**resumable("async"), "log": early}, cfg, cfg.engine_settings("r"),
                     policy)  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "flag", [dict(engine="collective"), dict(salvage=True), dict(allreduce="ring")]
-)
-def test_an_asynchronous_policy_on_the_collective_engine_is_refused(tmp_path, flag):
-    cfg = config(tmp_path, policy="async", **flag)
-    with pytest.raises(ConfigError, match="runs on --engine ps only"):
-        variant(cfg.engine_settings("r"), build_policy(cfg, ("h",) * 4))
+def test_an_asynchronous_policy_on_a_gpu_is_refused(tmp_path):
+    cfg = config(tmp_path, policy="async", device="cuda")
+    with pytest.raises(ConfigError, match="runs on CPU only"):
+        check_asynchronous(cfg.engine_settings("r"), build_policy(cfg, ("h",) * 4))
 
 
 def test_the_run_config_holds_absolute_paths(tmp_path, monkeypatch):

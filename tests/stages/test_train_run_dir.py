@@ -7,7 +7,7 @@ import json
 
 import pytest
 from bdsgd.schemas.run_dir import check_output_dir
-from bdsgd.stages.engine.resume import LEGACY_STATE_FILE, STATE_FILE
+from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
 
@@ -47,7 +47,7 @@ def test_a_directory_of_other_files_is_refused_and_left_alone(tmp_path):
     assert (cfg.out / "summary.json").read_text() == "{}"
 
 
-@pytest.mark.parametrize("state", [STATE_FILE, LEGACY_STATE_FILE])
+@pytest.mark.parametrize("state", [STATE_FILE, "checkpoint.pt"])
 def test_a_directory_holding_a_run_points_to_resume(tmp_path, state):
     """A run directory's resume state, under its name or the earlier one."""
     cfg = config(tmp_path)

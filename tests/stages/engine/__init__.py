@@ -60,3 +60,34 @@ def exit_codes_of_workers(monkeypatch) -> list[int | None]:
 
     monkeypatch.setattr(launch, "join_or_kill", join_or_kill)
     return codes
+
+
+def engine_config(**overrides):
+    """A small parameter-server config (4 workers, 16 updates)."""
+    from bdsgd.stages.engine.config import EngineConfig
+
+    values = dict(
+        workers=4,
+        iterations=16,
+        run_id="engine-test",
+        source="train",
+        batch_size=16,
+        micro_batches=4,
+        record_batch=5,
+        timeout_s=20.0,
+        hosts=("h0", "h1", "h2", "h3"),
+    )
+    return EngineConfig(**{**values, **overrides})
+
+
+def kill_worker_at(iteration: int, name: str):
+    """An ``on_iteration`` callback that kills the worker process ``name`` after ``iteration``."""
+    import multiprocessing
+
+    def on_iteration(t: int, row: dict) -> None:
+        if t == iteration:
+            victim = [p for p in multiprocessing.active_children() if p.name == name]
+            victim[0].kill()
+            victim[0].join(5)
+
+    return on_iteration

@@ -18,8 +18,7 @@ from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.policies.asynchronous import KAsync
 from bdsgd.stages.store import TraceStore
 
-from tests.stages.engine import exit_codes_of_workers, write_replay_trace
-from tests.stages.engine.test_engine import kill_worker_at
+from tests.stages.engine import exit_codes_of_workers, kill_worker_at, write_replay_trace
 
 SLOW_S, FAST_S = 0.3, 0.01
 

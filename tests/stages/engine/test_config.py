@@ -26,7 +26,7 @@ def defaults(cls) -> dict:
 def test_the_engine_config_defaults_equal_the_stage_defaults(stage):
     engine, ours = defaults(EngineConfig), defaults(stage)
     shared = engine.keys() & ours.keys()
-    assert {"engine", "device", "batch_size", "micro_batches", "timeout_s", "host"} <= shared
+    assert {"device", "batch_size", "micro_batches", "timeout_s", "host"} <= shared
     assert {k: engine[k] for k in shared} == {k: ours[k] for k in shared}
 
 
@@ -35,7 +35,7 @@ def test_the_cli_defaults_equal_the_stage_defaults(command: click.Command, stage
     ours = defaults(stage)
     options = {p.name: flag_or_default(p) for p in command.params if isinstance(p, click.Option)}
     shared = options.keys() & ours.keys()
-    assert {"engine", "device", "batch_size", "micro_batches", "seed"} <= shared
+    assert {"device", "batch_size", "micro_batches", "seed"} <= shared
     assert {k: options[k] for k in shared} == {k: ours[k] for k in shared}
 
 
@@ -50,21 +50,12 @@ def flag_or_default(option: click.Option):
 
 
 def test_engine_config_copies_every_field_of_the_same_name(tmp_path):
-    stage = TrainConfig(workers=3, iterations=5, policy="full", traces=tmp_path, out=tmp_path,
-                        batch_size=12, micro_batches=3, engine="collective", salvage=True)  # fmt: skip
+    stage = TrainConfig(workers=3, iterations=5, policy="async", traces=tmp_path, out=tmp_path,
+                        batch_size=12, micro_batches=3, lr=0.2)  # fmt: skip
     cfg = engine_config(stage, run_id="r", source="train", hosts=("h",) * 3)
-    assert (cfg.batch_size, cfg.micro_batches, cfg.engine, cfg.salvage) == (12, 3, "collective",
-                                                                            True)  # fmt: skip
+    assert (cfg.batch_size, cfg.micro_batches, cfg.lr) == (12, 3, 0.2)
 
 
-@pytest.mark.parametrize("flag", [dict(salvage=True), dict(allreduce="star")])
-def test_collective_only_flags_on_the_parameter_server_are_refused(flag):
-    """Not recorded in the run's config as if they had been used."""
-    with pytest.raises(ConfigError, match="apply to --engine collective only"):
-        EngineConfig(workers=2, iterations=1, run_id="r", source="train", engine="ps", **flag)
-
-
-def test_cuda_on_the_parameter_server_is_refused():
-    with pytest.raises(ConfigError, match="--device cuda needs --engine collective"):
-        EngineConfig(workers=1, iterations=1, run_id="r", source="train", engine="ps",
-                     device="cuda")  # fmt: skip
+def test_an_unknown_device_is_refused():
+    with pytest.raises(ConfigError, match="--device must be one of"):
+        EngineConfig(workers=1, iterations=1, run_id="r", source="train", device="tpu")

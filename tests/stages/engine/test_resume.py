@@ -8,17 +8,16 @@ import torch
 from bdsgd.stages.engine import resume as K
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.engine.resume import (
-    LEGACY_STATE_FILE,
     STATE_FILE,
     Checkpointer,
     remove_segments,
-    state_path,
     with_whole_log,
 )
 from bdsgd.stages.errors import CheckpointError
+from bdsgd.stages.policies.asynchronous import KAsync
 from bdsgd.stages.train import load_state
 
-from tests.stages.engine.test_engine import RecordingStatic, engine_config
+from tests.stages.engine import engine_config
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -92,39 +91,22 @@ def test_force_cleanup_removes_only_the_segments(tmp_path, small_segments):
     assert not (tmp_path / "log").exists()
 
 
-@pytest.mark.parametrize("name", [STATE_FILE, LEGACY_STATE_FILE])
-def test_a_run_resumed_from_a_segmented_checkpoint_has_its_whole_log(
-    tmp_path, small_segments, name
-):
+def test_a_run_resumed_from_a_segmented_checkpoint_has_its_whole_log(tmp_path, small_segments):
     """40 iterations checkpointed every 5 (segments of 4 rows), then resumed to 60: the state
     read back holds every row, the resumed run's log continues it, and the segments the first
-    run wrote are not rewritten. A run directory whose state has the earlier name (written by
-    an earlier version) resumes the same, and its state then has the current name."""
+    run wrote are not rewritten."""
     cfg = engine_config(iterations=40, record_batch=5, stragglers="none")
     run = tmp_path / "run"
-    first = run_engine(cfg, RecordingStatic(4), tmp_path / "traces", lambda t, r: None, run)
-    (run / STATE_FILE).rename(run / name)
+    first = run_engine(cfg, KAsync(2), tmp_path / "traces", lambda t, r: None, run)
     state = load_state(run)
     assert state["log_segments"] >= 8
     assert state["log"]["iteration"] == list(range(40)) == first.log["iteration"]
     assert state["log"]["loss"] == first.log["loss"]
     early = (run / "log" / "rows-000000.pt").stat().st_mtime_ns
     more = engine_config(iterations=60, record_batch=5, stragglers="none")
-    second = run_engine(more, RecordingStatic(4), tmp_path / "traces", lambda t, r: None, run,
+    second = run_engine(more, KAsync(2), tmp_path / "traces", lambda t, r: None, run,
                         resume=state)  # fmt: skip
     assert second.log["iteration"] == list(range(60))
     assert load_state(run)["log"]["iteration"] == list(range(60))
     assert (run / "log" / "rows-000000.pt").stat().st_mtime_ns == early
     assert sorted(p.name for p in run.iterdir()) == sorted(["log", STATE_FILE])
-
-
-def test_the_state_file_of_an_earlier_version_is_read_and_replaced(tmp_path):
-    """``server_state.pt`` (its earlier name) is what a run directory resumes from until a
-    state is written under the current name, which replaces it."""
-    assert state_path(tmp_path) == tmp_path / STATE_FILE  # (nothing there: the current name)
-    torch.save({"version": 3, "next_iteration": 2, "log": log_of(2)}, tmp_path / LEGACY_STATE_FILE)
-    assert state_path(tmp_path) == tmp_path / LEGACY_STATE_FILE
-    assert load_state(tmp_path)["log"] == log_of(2)
-    saved(tmp_path, 3, Checkpointer(tmp_path))
-    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]
-    assert load_state(tmp_path)["log"] == log_of(3)

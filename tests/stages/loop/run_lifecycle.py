@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine.protocol import open_store
+from bdsgd.stages.wire.keys import open_store
 from run_loop import setup  # (beside this script)
 
 import bdsgd

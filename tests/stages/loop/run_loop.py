@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bdsgd.stages.engine.protocol import open_store
 from bdsgd.stages.loop.group_exit import held_defaults
+from bdsgd.stages.wire.keys import open_store
 from torch.utils.data import DataLoader, TensorDataset
 
 import bdsgd

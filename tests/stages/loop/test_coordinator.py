@@ -10,13 +10,13 @@ import numpy as np
 import polars as pl
 import pytest
 import torch.distributed as dist
-from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.worker_report import WorkerReport
 from bdsgd.stages.loop.config import LoopConfig
 from bdsgd.stages.loop.coordinator import LoopCoordinator
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.store import TraceStore
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.report import WorkerReport
 
 WAIT_S = 60.0  # for the coordinator thread's cut, on a loaded machine
 

@@ -4,8 +4,8 @@ the job's store to the node-local one in order, keeping only the last few."""
 from __future__ import annotations
 
 import pytest
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.loop.relay import KEEP, CutRelay, wants_relay
+from bdsgd.stages.wire import keys as P
 
 WAIT_S = 60.0  # generous: a loaded machine may be slow, never wrong
 SLICE_S = 0.2  # the relay's waits here: short, so that it sees its stop and its rank's moves

@@ -7,14 +7,14 @@ import time
 
 import pytest
 import torch.distributed as dist
-from bdsgd.stages.engine import janitor as J
 from bdsgd.stages.engine import launch
-from bdsgd.stages.engine import protocol as P
-from bdsgd.stages.engine.janitor import KeyJanitor
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.policies.asynchronous import KAsync
+from bdsgd.stages.wire import janitor as J
+from bdsgd.stages.wire import keys as P
+from bdsgd.stages.wire.janitor import KeyJanitor
 
-from tests.stages.engine.test_engine import RecordingStatic, ScriptedOnline, engine_config
+from tests.stages.engine import engine_config
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -73,45 +73,12 @@ def captured_store(monkeypatch):
     return box
 
 
-@pytest.mark.parametrize(
-    "engine,policy",
-    [
-        ("ps", ScriptedOnline),
-        ("collective", ScriptedOnline),
-        ("collective", lambda: RecordingStatic(3)),
-    ],
-    ids=["ps-online", "collective-online", "collective-static"],
-)
-def test_an_engine_run_deletes_the_keys_of_iterations_long_past(
-    tmp_path, captured_store, engine, policy
-):
-    """At the last iteration, the announcement, tickets, reports and cut of every iteration
-    more than 4 back are gone, those of the last 4 are there, and every iteration is logged."""
-    cfg = engine_config(engine=engine, iterations=24, eval_every=1)
-    seen: dict[str, list[str]] = {}
-
-    def on_iteration(t: int, row: dict) -> None:
-        if t != cfg.iterations - 1:
-            return
-        store = captured_store[0]
-        old = [k for u in range(t - 4) for k in (P.go_key(u), P.cut_key(u), P.arrival_key(u, 1))]
-        seen["left"] = wait_gone(store, old)
-        # (a block's announcement is at its start: a fixed c's recent keys are its cuts)
-        key = P.go_key if policy is ScriptedOnline else P.cut_key
-        seen["recent"] = [key(u) for u in range(t - 3, t + 1) if store.check([key(u)])]
-
-    result = run_engine(cfg, policy(), tmp_path / "traces", on_iteration)
-    assert result.log["iteration"] == list(range(cfg.iterations))
-    assert seen["left"] == []
-    assert len(seen["recent"]) == 4
-
-
 def test_an_asynchronous_run_deletes_the_arrival_keys_of_long_past_updates(
     tmp_path, captured_store
 ):
     """k-async:2 takes at least 2 arrivals per update: at the last of 24 updates, the reports
     of the first 20 arrivals are gone and every update is logged."""
-    cfg = engine_config(engine="ps", iterations=24, workers=3, hosts=("h0", "h1", "h2"))
+    cfg = engine_config(iterations=24, workers=3, hosts=("h0", "h1", "h2"))
     seen: dict[str, list[str]] = {}
 
     def on_iteration(t: int, row: dict) -> None:
@@ -123,22 +90,3 @@ def test_an_asynchronous_run_deletes_the_arrival_keys_of_long_past_updates(
     result = run_engine(cfg, KAsync(2), tmp_path / "traces", on_iteration)
     assert result.log["iteration"] == list(range(cfg.iterations))
     assert seen["left"] == []
-
-
-def test_a_collective_run_without_a_run_directory_leaves_no_replica_states(
-    tmp_path, captured_store
-):
-    """The lowest replica publishes its state for each checkpoint only when the run has a run
-    directory to take it (a profile has none: its states would pile up in the store)."""
-    cfg = engine_config(engine="collective", iterations=12, record_batch=3)
-    seen: dict[str, list[str]] = {}
-
-    def on_iteration(t: int, row: dict) -> None:
-        if t == cfg.iterations - 1:
-            keys = [P.replica_key(k) for k in range(3, cfg.iterations + 1, 3)]
-            seen["states"] = [k for k in keys if captured_store[0].check([k])]
-
-    result = run_engine(cfg, RecordingStatic(4), tmp_path / "traces", on_iteration)
-    assert result.log["iteration"] == list(range(cfg.iterations))
-    assert seen["states"] == []
-    assert result.extras["replicas_identical"] and result.final_eval_loss is not None

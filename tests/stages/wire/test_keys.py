@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from bdsgd.stages.engine import protocol as P
 from bdsgd.stages.errors import WorkerError
+from bdsgd.stages.wire import keys as P
 from torch.nn.utils import parameters_to_vector
 
 

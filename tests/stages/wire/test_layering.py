@@ -1,24 +1,26 @@
-"""The worker side stands alone: a worker process imports the wire, the worker report and its
-loop, and nothing of the engine's side (the coordinator and servers, the trace store, polars,
-pyarrow, rich, Pyro)."""
+"""Layering: a worker process imports the wire, the worker report and its loop, and nothing of
+the coordinating side (the server, the trace store, polars, pyarrow, rich, Pyro); the library's
+loop imports no stage module and no engine module; no stage imports the CLI."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+STAGES = Path(__file__).resolve().parents[3] / "stages"
 
 # every module a spawned worker of any variant loads: its first code, its spec and its loop
 WORKER_SIDE = (
-    "bdsgd.stages.engine.spawned",
+    "bdsgd.stages.wire.spawned",
     "bdsgd.stages.signals",
-    "bdsgd.stages.engine.protocol",
-    "bdsgd.stages.engine.worker_report",
+    "bdsgd.stages.wire.keys",
+    "bdsgd.stages.wire.report",
     "bdsgd.stages.engine.worker",
-    "bdsgd.stages.engine.replica",
-    "bdsgd.stages.engine.replica_membership",
     "bdsgd.stages.engine.async_worker",
-    "bdsgd.stages.loop.job",  # (--engine loop's ranks: the library's rank side)
+    "bdsgd.stages.loop.job",  # (the library's rank side)
 )
 ENGINE_SIDE = (
     "polars",
@@ -29,17 +31,9 @@ ENGINE_SIDE = (
     "bdsgd.stages.console",
     "bdsgd.stages.policies",
     "bdsgd.stages.engine.base",
-    "bdsgd.stages.engine.sync",
-    "bdsgd.stages.engine.ps",
-    "bdsgd.stages.engine.collective",
-    "bdsgd.stages.engine.admission",
-    "bdsgd.stages.engine.progress",
-    "bdsgd.stages.engine.announcer",
-    "bdsgd.stages.engine.regroup",
-    "bdsgd.stages.engine.replica_outputs",
     "bdsgd.stages.engine.async_server",
     "bdsgd.stages.engine.launch",
-    "bdsgd.stages.engine.janitor",
+    "bdsgd.stages.wire.janitor",
 )
 
 PROBE = """
@@ -64,3 +58,49 @@ def test_worker_modules_import_nothing_of_the_engine_side():
     leaked = sorted(m for m in loaded if m in ENGINE_SIDE or m.split(".")[0] in ENGINE_SIDE)
     leaked += sorted(m for m in loaded if any(m.startswith(f"{e}.") for e in ENGINE_SIDE))
     assert not leaked, f"the worker side imports the engine side: {leaked}"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code (lazy imports included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+STAGE_MODULES = ("train", "profile", "fit", "simulate", "report", "loop_runs", "importer")
+
+
+def test_the_loop_imports_no_stage_and_no_engine():
+    forbidden = ("bdsgd.stages.engine", *(f"bdsgd.stages.{m}" for m in STAGE_MODULES))
+    found = {
+        f"{path.name}: {name}"
+        for path in (STAGES / "loop").glob("*.py")
+        for name in imported_modules(path)
+        if name.startswith(forbidden)
+    }
+    assert not found
+
+
+def test_no_stage_imports_the_cli():
+    found = {
+        f"{path.relative_to(STAGES)}: {name}"
+        for path in STAGES.rglob("*.py")
+        for name in imported_modules(path)
+        if name.startswith("bdsgd_cli")
+    }
+    assert not found
+
+
+def test_the_wire_imports_no_stage_and_no_engine():
+    allowed = ("bdsgd.stages.wire", "bdsgd.stages.errors", "bdsgd.stages.signals")
+    found = {
+        f"{path.name}: {name}"
+        for path in (STAGES / "wire").glob("*.py")
+        for name in imported_modules(path)
+        if name.startswith("bdsgd.") and not name.startswith(allowed)
+    }
+    assert not found

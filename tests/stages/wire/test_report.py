@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from bdsgd.stages.engine.worker_report import SLOT, WorkerReport
+from bdsgd.stages.wire.report import SLOT, WorkerReport
 
 
 def test_a_report_round_trips_at_full_precision():

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bdsgd.stages.engine import spawned
+from bdsgd.stages.wire import spawned
 
 ROOT = Path(__file__).resolve().parents[3]
 KEEP: list = []  # what a child's target leaves for the interpreter's finalisation
@@ -40,8 +40,8 @@ def child(spec: dict) -> None:
 def run_spawned(tmp_path: Path, end: str, exit_at_once: bool) -> subprocess.CompletedProcess:
     spec = pickle.dumps({"dir": str(tmp_path), "end": end})
     code = (
-        "from bdsgd.stages.engine import spawned\n"
-        f"spawned.run('tests.stages.engine.test_spawned:child', {spec!r}, {exit_at_once})\n"
+        "from bdsgd.stages.wire import spawned\n"
+        f"spawned.run('tests.stages.wire.test_spawned:child', {spec!r}, {exit_at_once})\n"
     )
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -84,7 +84,7 @@ def test_a_spawned_process_reports_the_same_exitcode_either_way(tmp_path, end, c
     ctx = multiprocessing.get_context("spawn")
     spec = pickle.dumps({"dir": str(tmp_path), "end": end})
     for exit_at_once in (True, False):
-        proc = ctx.Process(target=spawned.run, args=("tests.stages.engine.test_spawned:child", spec),
+        proc = ctx.Process(target=spawned.run, args=("tests.stages.wire.test_spawned:child", spec),
                            kwargs={"exit_at_once": exit_at_once}, daemon=True)  # fmt: skip
         proc.start()
         try:

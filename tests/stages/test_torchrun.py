@@ -1,5 +1,6 @@
-"""The engine under torchrun: rank 0 runs the engine, the other ranks are workers, and the control
-store is torchrun's. Tried on one machine as two "nodes" of two processes each."""
+"""``bdsgd train`` under torchrun: every rank trains a synchronous policy (the library's loop);
+rank 0 runs the parameter server of an asynchronous one. The control store is torchrun's. Tried on
+one machine as two "nodes" of two processes each."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from bdsgd.stages.engine.launch import Torchrun
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.store import TraceStore
+from bdsgd.stages.wire.torchrun import Torchrun
 
 from tests.processes import run_in_session, run_in_sessions
 
@@ -52,71 +53,55 @@ def test_no_torchrun_without_its_variables(monkeypatch):
     assert Torchrun.from_env() is None
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
-@pytest.mark.parametrize("engine", ["collective", "ps"])
-def test_train_under_torchrun_two_nodes(tmp_path, engine):
-    port = _free_port()
-    cmd = [
-        str(TORCHRUN),
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv-id",
-        "test",
-        "-m",
-        "bdsgd_cli",
-        "train",
-        "--workers",
-        "3",
-        "--iterations",
-        "20",
-        "--policy",
-        "static:2",
-        "--traces",
-        str(tmp_path / "traces"),
-        "--out",
-        str(tmp_path / "run"),
-        "--stragglers",
-        "synthetic:base_s=0.005",
-        "--timeout",
-        "30",
-        "--engine",
-        engine,
-        "--json",
-    ]
-    nodes = run_in_sessions([cmd, cmd], timeout=120)  # each torchrun and every rank it started
+def two_nodes(tmp_path, workers: int, policy: str) -> list:
+    """``bdsgd train`` under two torchrun agents of two ranks each, on loopback."""
+    cmd = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "test", "-m",
+           "bdsgd_cli", "train", "--workers", str(workers), "--iterations", "20", "--policy",
+           policy, "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
+           "--stragglers", "synthetic:base_s=0.005", "--timeout", "60", "--json"]  # fmt: skip
+    nodes = run_in_sessions([cmd, cmd], timeout=300)  # each torchrun and every rank it started
     assert [n.returncode for n in nodes] == [0, 0], failed_nodes(nodes)
     lines = [line for n in nodes for line in n.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1  # only the server rank prints the summary
-    summary = json.loads(lines[0])
-    assert summary["iterations"] == 20 and summary["mean_c"] == 2.0
-    rows = TraceStore(tmp_path / "traces").read()
-    assert rows.height == 20 * 3
-    assert set(rows["world_size"].to_list()) == {3}
-    per_iteration = rows.group_by("iteration").agg(pl.col("censored").sum()).sort("iteration")
-    assert per_iteration["iteration"].to_list() == list(range(20))
-    assert per_iteration["censored"].to_list() == [1] * 20  # the third gradient was cut off
-    full = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert full["engine"] == engine
-    if engine == "collective":  # three replicas on two "machines", bit-identical at the end
-        assert len(full["replica_digests"]) == 3 and full["replicas_identical"]
+    assert len(lines) == 1  # only rank 0 prints the summary
+    return json.loads(lines[0])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
-def test_train_engine_loop_under_torchrun_trains_on_every_rank(tmp_path):
-    """--engine loop: the world size is --workers (no rank coordinates), rank 0 alone writes
+def test_train_under_torchrun_two_nodes_trains_on_every_rank(tmp_path):
+    """Four ranks on two "machines": every rank trains under static:2, the cut ranks' rows
+    censored."""
+    summary = two_nodes(tmp_path, 4, "static:2")
+    assert summary["iterations"] == 20
+    c = pl.read_parquet(tmp_path / "run" / "iterations.parquet").sort("iteration")["c"]
+    assert all(k >= 2 for k in c)  # static:2 (a ticket taken before the close is admitted too)
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows.height == 20 * 4 and set(rows["world_size"].to_list()) == {4}
+    censored = rows.group_by("iteration").agg(pl.col("censored").sum()).sort("iteration")
+    assert censored["censored"].to_list() == [4 - k for k in c]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_an_asynchronous_policy_under_torchrun_runs_its_server_on_rank_0(tmp_path):
+    summary = two_nodes(tmp_path, 3, "k-async:2")
+    assert summary["iterations"] == 20 and summary["mean_c"] == 2.0
+    rows = TraceStore(tmp_path / "traces").read()
+    assert set(rows["world_size"].to_list()) == {3} and set(rows["worker"]) == {0, 1, 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_train_under_torchrun_trains_on_every_rank(tmp_path):
+    """The world size is --workers (no rank coordinates), rank 0 alone writes
     the run directory and prints the summary."""
     cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "3", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "bdsgd_cli", "train",
-           "--engine", "loop", "--workers", "3", "--iterations", "12", "--policy", "static:2",
+           "--workers", "3", "--iterations", "12", "--policy", "static:2",
            "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
            "--stragglers", "synthetic:base_s=0.005", "--timeout", "60", "--json"]  # fmt: skip
     node = run_in_session(cmd, timeout=300)
