@@ -50,10 +50,16 @@ INDEX = "index.md"
 MARKER = "report.json"  # written first, so a directory holding any report file holds it too
 PlotFn = Callable[[list["Series"]], "plt.Figure | None"]
 MAX_PANELS = 4  # heatmap, CDF and prediction panels drawn at most
-MAX_CDF_CURVES = 16  # above this many workers, CDFs are drawn per host
-LINESTYLES = ("-", "--", "-.", (0, (1, 1)))  # with the 10 colours: 40 distinguishable series
+MAX_SERIES = 6  # series per panel at most; more are drawn as small multiples
+MAX_CDF_CURVES = MAX_SERIES  # above this many workers, CDFs are drawn per host
+STALL_FACTOR = 10.0  # an iteration (run-time) above 10x its series' median is a stall
+# Distinct colours, one per policy (tab10 without its grey, which marks live workers, then
+# tab20b's dark tones); past their end the colours repeat with another line style.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173",
+           "#6b6ecf", "#e7969c", "#b5cf6b")  # fmt: skip
+LINESTYLES = ("-", "--", "-.", (0, (1, 1)))
 ASYNC_POLICIES = ("async", "adasync", "k-async", "k-batch-sync")
-STEPS_LABEL = "iteration (from the run's or replay's first)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,22 +198,138 @@ def _load_matrix(path: Path, summary: dict, warnings: list[str]) -> RunMatrix | 
 
 
 def make_series(runs: list[Run]) -> list[Series]:
-    """One series per (run, policy); the run's name joins the label when a policy repeats."""
+    """One series per (run, policy); the run's name joins the label when a policy repeats. A
+    policy keeps one colour in every plot, and no two policies share one (``policy_colours``)."""
     pairs = [(run, p) for run in runs for p in run.iterations["policy"].unique(maintain_order=True)]
     counts: dict[str, int] = {}
     for _, p in pairs:
         counts[p] = counts.get(p, 0) + 1
+    colours = policy_colours([p for _, p in pairs])
     return [
         Series(
             label=p if counts[p] == 1 else f"{p} ({run.name})",
             run=run,
             policy=p,
             rows=run.iterations.filter(pl.col("policy") == p).sort("iteration"),
-            color=f"C{i % 10}",
-            linestyle=LINESTYLES[i // 10 % len(LINESTYLES)],
+            color=colours[p][0],
+            linestyle=colours[p][1],
         )
-        for i, (run, p) in enumerate(pairs)
+        for run, p in pairs
     ]
+
+
+def policy_colours(policies: list[str]) -> dict[str, tuple[str, str | tuple]]:
+    """Colour and line style per policy, in order of first appearance: PALETTE's colours, then
+    (past its end) the same colours again with another line style."""
+    names = list(dict.fromkeys(policies))
+    return {
+        p: (PALETTE[i % len(PALETTE)], LINESTYLES[i // len(PALETTE) % len(LINESTYLES)])
+        for i, p in enumerate(names)
+    }
+
+
+def is_replay(run: Run) -> bool:
+    """Whether the run is a simulate replay (its seconds are replayed, not trained)."""
+    return run.summary.get("kind") == "simulate"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """Series drawn on one panel: one clock (training or replay seconds), one kind of step
+    (iterations, or updates for asynchronous policies), at most MAX_SERIES of them."""
+
+    title: str
+    series: tuple[Series, ...]
+    replay: bool
+    updates: bool
+
+    @property
+    def clock(self) -> str:
+        return "replay" if self.replay else "training"
+
+
+def panels(series: list[Series], split_async: bool = False) -> list[Panel]:
+    """The panels of a plot: training runs together, each simulate run apart (its seconds are
+    replayed, not trained), asynchronous policies apart when ``split_async``, and each group
+    cut into chunks of at most MAX_SERIES series (small multiples)."""
+    groups: dict[tuple, list[Series]] = {}
+    for s in series:
+        key = (is_replay(s.run) and id(s.run), split_async and s.asynchronous)
+        groups.setdefault(key, []).append(s)
+    out: list[Panel] = []
+    for group in groups.values():
+        first = group[0]
+        updates = split_async and first.asynchronous
+        title = replay_name(first.run) if is_replay(first.run) else "training runs"
+        title += ", asynchronous and batch policies" if updates else ""
+        chunks = [group[i : i + MAX_SERIES] for i in range(0, len(group), MAX_SERIES)]
+        for k, chunk in enumerate(chunks):
+            part = f" ({k + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+            out.append(Panel(title + part, tuple(chunk), is_replay(first.run), updates))
+    return out
+
+
+def replay_name(run: Run) -> str:
+    """A simulate run's name in a title."""
+    return "simulate replay" if run.name == "simulate" else f"{run.name} (simulate replay)"
+
+
+# -- stalls and robust axis limits ------------------------------------------------------------
+def stall_mask(values: np.ndarray, factor: float = STALL_FACTOR) -> np.ndarray:
+    """True where a value is more than ``factor`` times the median of the finite values."""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return np.zeros(values.shape, dtype=bool)
+    median = float(np.median(values[finite]))
+    with np.errstate(invalid="ignore"):
+        return finite & (median > 0) & (values > factor * median)
+
+
+def robust_limit(values: np.ndarray) -> float:
+    """An axis's upper limit: 10% above the largest value that is not a stall, so that one
+    stall (drawn beyond the edge, marked) does not flatten everything else."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    kept = values[~stall_mask(values)]
+    top = float(kept.max()) if kept.size else 0.0
+    return top * 1.1 if top > 0 else 1.0
+
+
+def mark_beyond(ax: plt.Axes, x: np.ndarray, y: np.ndarray, limit: float, color: str) -> int:
+    """Mark the points above ``limit`` (beyond the axis's top edge) with a triangle at the edge
+    and their value; returns how many there are."""
+    beyond = np.isfinite(y) & (y > limit)
+    for xi, yi in zip(x[beyond], y[beyond], strict=True):
+        ax.plot([xi], [limit], marker="^", ms=9, color=color, mec="black", clip_on=False, zorder=9)
+        ax.annotate(f"{yi:.3g} s, off scale", (xi, limit), xytext=(6, -12), fontsize="small",
+                    textcoords="offset points", color="black", zorder=9)  # fmt: skip
+    return int(beyond.sum())
+
+
+def shade_stalls(axes: tuple[plt.Axes, ...], s: Series) -> None:
+    """Shade, in the series' colour, the wall-clock span of each of its stalls."""
+    wall, secs = _values(s, "wall_s"), _values(s, "iteration_s")
+    for i in np.nonzero(stall_mask(secs))[0]:
+        for ax in axes:
+            ax.axvspan(wall[i] - secs[i], wall[i], color=s.color, alpha=0.12, lw=0)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One iteration of a series more than STALL_FACTOR times the series' median."""
+
+    series: Series
+    iteration: int
+    seconds: float
+    median: float
+
+
+def find_stalls(s: Series) -> list[Stall]:
+    """The series' stalls, in iteration order."""
+    secs = _values(s, "iteration_s")
+    median = float(np.nanmedian(secs)) if np.isfinite(secs).any() else 0.0
+    its = s.rows["iteration"].to_numpy()
+    return [Stall(s, int(its[i]), float(secs[i]), median) for i in np.nonzero(stall_mask(secs))[0]]
 
 
 def _values(s: Series, column: str) -> np.ndarray:
@@ -252,106 +374,138 @@ def _legend_outside(ax: plt.Axes) -> None:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
+def _grid(rows: int, cols: int, width: float, row_height: float, **kw) -> tuple:
+    """A figure of rows x cols panels laid out by matplotlib's constrained layout."""
+    size = (width, 0.8 + row_height * rows)
+    return plt.subplots(rows, cols, figsize=size, squeeze=False, layout="constrained", **kw)
+
+
+def _steps_label(panel: Panel) -> str:
+    kind = "update" if panel.updates else "iteration"
+    return f"{kind} (from the {'replay' if panel.replay else 'run'}'s first)"
+
+
+def layered_widths(n: int) -> np.ndarray:
+    """Line widths from 3.2 (drawn first, underneath) down to 1.0 (on top): series with equal
+    values show as nested stripes instead of hiding one another."""
+    return np.linspace(3.2, 1.0, n) if n > 1 else np.array([1.4])
+
+
 def plot_cutoff(series: list[Series]) -> plt.Figure:
-    """c per iteration: synchronous policies in one panel (x: iterations), asynchronous ones in
-    another (x: updates, c = K gradients per update); live workers once per run, grey."""
-    groups = [g for g in ([s for s in series if not s.asynchronous],
-                          [s for s in series if s.asynchronous]) if g]  # fmt: skip
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 4 * len(groups)), squeeze=False)
-    for ax, group in zip(axes[:, 0], groups, strict=True):
-        for s, nudge in zip(group, nudges(len(group)), strict=True):
-            ax.step(s.steps(), _values(s, "c") + nudge, where="post", lw=0.9, label=s.label,
+    """c per iteration, one panel per clock and kind of step, at most MAX_SERIES series each; a
+    constant policy's legend entry gives its value; live workers once per panel, grey behind."""
+    groups = panels(series, split_async=True)
+    fig, axes = _grid(len(groups), 1, 11, 3.0)
+    top = max(int(np.nanmax(_values(s, "workers"))) for s in series)
+    for ax, panel in zip(axes[:, 0], groups, strict=True):
+        _live_workers(ax, panel.series)
+        for k, (s, lw) in enumerate(zip(panel.series, layered_widths(len(panel.series)),
+                                        strict=True)):  # fmt: skip
+            c = _values(s, "c")
+            const = f" (c = {c[0]:g} throughout)" if c.size and np.all(c == c[0]) else ""
+            ax.step(s.steps(), c, where="post", lw=lw, label=s.label + const, zorder=2 + k,
                     **s.style)  # fmt: skip
-        _live_workers(ax, group)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        kind = (
-            "asynchronous and batch policies (x: updates)"
-            if group[0].asynchronous
-            else ("synchronous policies")
-        )
-        xlabel = (
-            "update (from the run's or replay's first)" if group[0].asynchronous else STEPS_LABEL
-        )
-        ax.set(xlabel=xlabel, ylabel="c (gradients applied)", title=f"Cutoff c, {kind}")
+        ax.set_ylim(-0.2, top + 0.5)
+        what = "updates" if panel.updates else "iterations"
+        ax.set(xlabel=_steps_label(panel), ylabel="c (gradients applied)",
+               title=f"Cutoff c per {what[:-1]}: {panel.title}")  # fmt: skip
         _legend_outside(ax)
-    fig.tight_layout()
     return fig
 
 
-def nudges(n: int) -> np.ndarray:
-    """Vertical offsets (at most +-0.2) that keep n series of equal integer c apart."""
-    step = min(0.05, 0.4 / max(n - 1, 1))
-    return (np.arange(n) - (n - 1) / 2) * step
-
-
-def _live_workers(ax: plt.Axes, group: list[Series]) -> None:
-    """The live workers of each run in ``group`` (the same for every policy of a simulate run),
-    a dotted grey step along the run's longest series."""
-    runs = list({id(s.run): s.run for s in group}.values())
-    for run in runs:
+def _live_workers(ax: plt.Axes, group: tuple[Series, ...]) -> None:
+    """The live workers of the runs in ``group``, a wide light-grey step behind the series:
+    each distinct curve drawn once, "live workers" once in the legend."""
+    drawn: list[tuple[np.ndarray, np.ndarray]] = []
+    for run in {id(s.run): s.run for s in group}.values():
         s = max((x for x in group if x.run is run), key=lambda x: x.rows.height)
-        name = f" ({run.name})" if len(runs) > 1 else ""
-        ax.step(s.steps(), _values(s, "workers"), where="post", ls=":", lw=1.2, color="grey",
-                label=f"live workers{name}")  # fmt: skip
+        x, y = s.steps(), _values(s, "workers")
+        if any(np.array_equal(x, a) and np.array_equal(y, b) for a, b in drawn):
+            continue
+        ax.step(x, y, where="post", lw=4.0, color="0.8", zorder=1,
+                label="live workers" if not drawn else None)  # fmt: skip
+        drawn.append((x, y))
 
 
 def plot_noise_scale(series: list[Series]) -> plt.Figure | None:
-    """c (top) over the gradient noise scale B (bottom, samples, log scale): a ``:goodput``
-    policy waits for fewer gradients while B is small (see docs/policies.md)."""
+    """Per panel of series: c (upper) and the gradient noise scale B (lower, samples, log
+    scale), both per iteration."""
     noisy = [s for s in series if has_values(s, "noise_scale")]
     if not noisy:
         return None
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for s in noisy:
-        it, noise = s.steps(), _values(s, "noise_scale")
-        top.step(it, _values(s, "c"), where="post", lw=0.9, label=s.label, **s.style)
-        bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=0.9, **s.style)
-    top.yaxis.set_major_locator(MaxNLocator(integer=True))
-    top.set(ylabel="c (gradients applied)", title="Cutoff c and the gradient noise scale")
-    bottom.set(xlabel=STEPS_LABEL, ylabel="noise scale B (samples)", yscale="log")
-    _legend_outside(top)
-    fig.tight_layout()
+    groups = panels(noisy, split_async=True)
+    fig, axes = _grid(2 * len(groups), 1, 11, 2.4)
+    for k, panel in enumerate(groups):
+        top, bottom = axes[2 * k, 0], axes[2 * k + 1, 0]
+        for s in panel.series:
+            it, noise = s.steps(), _values(s, "noise_scale")
+            top.step(it, _values(s, "c"), where="post", lw=0.9, label=s.label, **s.style)
+            bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=0.9, **s.style)
+        top.yaxis.set_major_locator(MaxNLocator(integer=True))
+        top.set(ylabel="c (gradients)", title=f"Cutoff c per iteration: {panel.title}")
+        bottom.set(xlabel=_steps_label(panel), ylabel="noise scale B (samples)", yscale="log",
+                   title=f"Gradient noise scale B per iteration: {panel.title}")  # fmt: skip
+        bottom.sharex(top)
+        _legend_outside(top)
     return fig
 
 
 def plot_throughput(series: list[Series], window: int) -> plt.Figure:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for s in series:
-        wall, secs = _values(s, "wall_s"), _values(s, "iteration_s")
-        top.plot(wall, secs, lw=0.6, label=s.label, **s.style)
-        bottom.plot(wall, rolling_throughput(_values(s, "c"), secs, window), **s.style)
-    top.set(ylabel="iteration time (s)", title="Iteration time and throughput")
-    bottom.set(xlabel="wall-clock time (s)", ylabel=f"gradients/s (rolling {window})")
-    _legend_outside(top)
-    fig.tight_layout()
+    """Per panel (one clock, at most MAX_SERIES series): iteration time (left) and rolling
+    throughput (right) over that clock's seconds. Stalls are drawn beyond the top edge of the
+    iteration-time axis, marked with their value; neither axis is scaled by them."""
+    groups = panels(series)
+    secs = {id(s): _values(s, "iteration_s") for s in series}
+    rates = {id(s): rolling_throughput(_values(s, "c"), secs[id(s)], window) for s in series}
+    time_top = robust_limit(np.concatenate(list(secs.values())))
+    rate_top = robust_limit(np.concatenate(list(rates.values())))
+    fig, axes = _grid(len(groups), 2, 14, 3.0)
+    for (left, right), panel in zip(axes, groups, strict=True):
+        for s in panel.series:
+            wall = _values(s, "wall_s")
+            left.step(wall, secs[id(s)], where="pre", lw=0.9, **s.style)
+            right.plot(wall, rates[id(s)], lw=1.1, label=s.label, **s.style)
+            mark_beyond(left, wall - secs[id(s)] / 2, secs[id(s)], time_top, s.color)
+            shade_stalls((left, right), s)
+        xlabel = f"{panel.clock} wall-clock time (s)"
+        left.set(xlabel=xlabel, ylabel="iteration time (s)", ylim=(0, time_top))
+        left.set_title(f"Iteration time: {panel.title}", pad=14)  # (above the stall marks)
+        right.set(xlabel=xlabel, ylabel=f"gradients/s (rolling {window} iterations)",
+                  ylim=(0, rate_top), title=f"Throughput: {panel.title}")  # fmt: skip
+        _legend_outside(right)
     return fig
 
 
 def plot_loss(series: list[Series]) -> plt.Figure | None:
+    """Per panel (one clock, at most MAX_SERIES series): loss vs seconds and vs gradients."""
     with_loss = [s for s in series if has_values(s, "loss")]
     if not with_loss:
         return None
-    reached = 0  # series whose time_to_loss is drawn (a dashed line)
-    fig, (by_time, by_grads) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-    for s in with_loss:
-        loss = _values(s, "loss")
-        by_time.plot(_values(s, "wall_s"), loss, lw=0.8, **s.style)
-        by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, label=s.label, **s.style)
-        ttl = _summary_for(s).get("time_to_loss")
-        if isinstance(ttl, (int, float)) and np.isfinite(ttl):
-            by_time.axvline(ttl, ls="--", color=s.color, lw=0.8)
-            reached += 1
-    target = next(
-        (s.run.summary["target_loss"] for s in with_loss if "target_loss" in s.run.summary), None
-    )
-    if isinstance(target, (int, float)):
-        by_grads.axhline(target, color="grey", ls=":", lw=0.8, label="target loss")
-        by_time.axhline(target, color="grey", ls=":", lw=0.8)
-    by_time.set(xlabel="wall-clock time (s)", ylabel="training loss",
-                title=_loss_title(reached, isinstance(target, (int, float))))  # fmt: skip
-    by_grads.set(xlabel="gradients applied (cumulative c)", title="Loss vs gradients applied")
-    _legend_outside(by_grads)
-    fig.tight_layout()
+    target = next((s.run.summary.get("target_loss") for s in with_loss
+                   if s.run.summary.get("target_loss") is not None), None)  # fmt: skip
+    groups = panels(with_loss)
+    fig, axes = _grid(len(groups), 2, 13, 3.4, sharey=True)
+    for (by_time, by_grads), panel in zip(axes, groups, strict=True):
+        reached = 0  # series whose time_to_loss is drawn (a dashed line)
+        for s in panel.series:
+            loss = _values(s, "loss")
+            by_time.plot(_values(s, "wall_s"), loss, lw=0.8, **s.style)
+            shade_stalls((by_time,), s)
+            by_grads.plot(np.cumsum(_values(s, "c")), loss, lw=0.8, label=s.label, **s.style)
+            ttl = _summary_for(s).get("time_to_loss")
+            if isinstance(ttl, (int, float)) and np.isfinite(ttl):
+                by_time.axvline(ttl, ls="--", color=s.color, lw=0.8)
+                reached += 1
+        if isinstance(target, (int, float)):
+            by_grads.axhline(target, color="grey", ls=":", lw=0.8, label="target loss")
+            by_time.axhline(target, color="grey", ls=":", lw=0.8)
+        by_time.set(xlabel=f"{panel.clock} wall-clock time (s)", ylabel="training loss",
+                    title=_loss_title(reached, isinstance(target, (int, float))) + ": "
+                    + panel.title)  # fmt: skip
+        by_grads.set(xlabel="gradients applied (cumulative c)",
+                     title=f"Loss vs gradients applied: {panel.title}")  # fmt: skip
+        _legend_outside(by_grads)
     return fig
 
 
@@ -372,32 +526,53 @@ def _runs_with_traces(series: list[Series]) -> list[Run]:
     return runs[:MAX_PANELS]
 
 
+def trace_window(run: Run) -> tuple[int, int]:
+    """The iterations of the run's traces the run used: a simulate run's replayed ones
+    (``from_iteration`` on, ``iterations`` of them), a train run's all."""
+    total = run.matrix.shape[0]
+    if not is_replay(run):
+        return 0, total
+    start = run.summary.get("from_iteration")
+    start = start if isinstance(start, int) and 0 <= start < total else 0
+    count = run.summary.get("iterations")
+    stop = start + count if isinstance(count, int) and count > 0 else total
+    return start, min(stop, total)
+
+
+def windowed(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The run's run-times, censoring and presence over its ``trace_window``, and its start."""
+    m, (a, b) = run.matrix, trace_window(run)
+    return m.runtimes[a:b], m.censored[a:b], m.present[a:b], a
+
+
 def plot_heatmap(series: list[Series]) -> plt.Figure | None:
+    """Worker x iteration run-times over the iterations each run used, every panel on one
+    colour scale (``robust_range`` of all panels' run-times); stalls starred."""
     runs = _runs_with_traces(series)
     if not runs:
         return None
-    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.5 + 2 * len(runs)), squeeze=False)
-    for ax, run in zip(axes[:, 0], runs, strict=True):
-        m = run.matrix
-        low, high = robust_range(m.runtimes[m.present])
-        img = ax.imshow(
-            np.where(m.present, m.runtimes, np.nan).T,
-            aspect="auto",
-            interpolation="nearest",
-            origin="lower",
-            cmap="viridis",
-            vmin=low,
-            vmax=high,
-        )
-        it, wk = np.nonzero(m.censored & m.present)
-        size = 30 if m.shape[0] <= 100 else 6  # crosses must not hide a long run
-        ax.scatter(it, wk, marker="x", s=size, color="red", lw=0.8, label="censored (cut off)")
-        ax.set(xlabel="iteration", ylabel="worker", title=f"Run-times, {run.name} ({m.run_id})")
+    data = [windowed(run) for run in runs]
+    low, high = robust_range(np.concatenate([rt[pr] for rt, _, pr, _ in data]))
+    fig, axes = _grid(len(runs), 1, 11, 2.2)
+    for ax, run, (rt, cen, pr, a) in zip(axes[:, 0], runs, data, strict=True):
+        img = ax.imshow(np.where(pr, rt, np.nan).T, aspect="auto", interpolation="nearest",
+                        origin="lower", cmap="viridis", vmin=low, vmax=high,
+                        extent=(a - 0.5, a + rt.shape[0] - 0.5, -0.5, rt.shape[1] - 0.5))  # fmt: skip
+        it, wk = np.nonzero(cen & pr)
+        size = 30 if rt.shape[0] <= 100 else 6  # crosses must not hide a long run
+        ax.scatter(it + a, wk, marker="x", s=size, color="red", lw=0.8, label="censored (cut off)")
+        st, sw = np.nonzero(stall_mask(np.where(pr, rt, np.nan)))
+        if len(st):
+            ax.scatter(st + a, sw, marker="*", s=140, color="magenta", edgecolor="white",
+                       lw=0.5, label=f"stall (> {STALL_FACTOR:g}x median)")  # fmt: skip
+        used = " (the iterations simulate replayed)" if is_replay(run) else ""
+        ax.set(xlabel="iteration", ylabel="worker",
+               title=f"Run-times, {run.name} ({run.matrix.run_id}){used}")  # fmt: skip
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.colorbar(img, ax=ax, label="run-time (s), 1st-99th percentile", extend="both")
-        if len(it):
-            ax.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
+        if len(it) or len(st):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    fig.colorbar(img, ax=axes[:, 0].tolist(), extend="both",
+                 label="run-time (s); one scale for all panels")  # fmt: skip
     return fig
 
 
@@ -405,6 +580,7 @@ def robust_range(values: np.ndarray) -> tuple[float, float]:
     """The colour scale of a heatmap: the 1st to 99th percentile of the run-times, so that one
     stall (a 2.4 s iteration among 20 ms ones) does not flatten every other cell; cells beyond
     take the end colours."""
+    values = values[np.isfinite(values)]
     if values.size == 0:
         return 0.0, 1.0
     low, high = np.percentile(values, [1, 99])
@@ -412,68 +588,87 @@ def robust_range(values: np.ndarray) -> tuple[float, float]:
 
 
 def _cdf_groups(m: RunMatrix) -> dict[str, np.ndarray]:
-    """Worker columns to pool per curve: one per worker, or one per host when there are many."""
+    """Worker columns to pool per curve: one per worker, one per host when there are more than
+    MAX_CDF_CURVES workers, and all pooled when there are more hosts than that too."""
     n = m.shape[1]
     if n <= MAX_CDF_CURVES:
         return {f"worker {w}": np.array([w]) for w in range(n)}
     hosts = np.array(m.hosts)
-    return {f"host {h}": np.nonzero(hosts == h)[0] for h in dict.fromkeys(m.hosts)}
+    if len(set(m.hosts)) <= MAX_CDF_CURVES:
+        return {f"host {h}": np.nonzero(hosts == h)[0] for h in dict.fromkeys(m.hosts)}
+    return {f"all {n} workers": np.arange(n)}
 
 
 def plot_cdf(series: list[Series]) -> plt.Figure | None:
+    """Kaplan-Meier run-time CDFs per worker (host) over the iterations each run used; one
+    x scale for all panels (``robust_limit``), run-times beyond it marked at the edge."""
     runs = _runs_with_traces(series)
     if not runs:
         return None
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
-    for ax, run in zip(axes[0], runs, strict=True):
-        m = run.matrix
-        for label, cols in _cdf_groups(m).items():
-            present = m.present[:, cols]
-            t, f = kaplan_meier(m.runtimes[:, cols][present], m.censored[:, cols][present])
-            if len(t):
-                ax.step(t, f, where="post", lw=0.9, label=label)
-        ax.set(xlabel="run-time (s)", ylabel="P(run-time <= x)", title=f"Run-time CDF, {run.name}")
-        ax.legend(fontsize="x-small", ncol=2)
-    fig.tight_layout()
+    data = [windowed(run) for run in runs]
+    right = robust_limit(np.concatenate([rt[pr] for rt, _, pr, _ in data]))
+    fig, axes = _grid(1, len(runs), 5.2 * len(runs), 3.6, sharey=True)
+    for ax, run, (rt, cen, pr, _) in zip(axes[0], runs, data, strict=True):
+        beyond: list[float] = []
+        for k, (label, cols) in enumerate(_cdf_groups(run.matrix).items()):
+            keep = pr[:, cols]
+            t, f = kaplan_meier(rt[:, cols][keep], cen[:, cols][keep])
+            if not len(t):
+                continue
+            color = PALETTE[k % len(PALETTE)]
+            ax.step(t, f, where="post", lw=1.1, color=color, label=label)
+            if t[-1] > right:
+                edge = f[t <= right][-1] if (t <= right).any() else 0.0
+                ax.plot([right], [edge], marker=">", ms=9, color=color, mec="black",
+                        clip_on=False, zorder=9)  # fmt: skip
+                beyond += [float(x) for x in t[t > right]]
+        if beyond:
+            ax.annotate(f"beyond the edge: {', '.join(f'{x:.3g}' for x in beyond[:4])} s",
+                        (0.98, 0.04), xycoords="axes fraction", ha="right", fontsize="small")  # fmt: skip
+        used = ", replayed iterations" if is_replay(run) else ""
+        ax.set(xlabel="run-time (s)", ylabel="P(run-time <= x)", xlim=(0, right),
+               title=f"Run-time CDF, {run.name}{used}")  # fmt: skip
+        ax.legend(fontsize="x-small", loc="center right")
     return fig
 
 
 def plot_prediction(series: list[Series]) -> plt.Figure | None:
+    """Per series with a prediction: the q10-q90 band and median vs the observed iteration
+    time; the y axis is not scaled by stalls (marked at the edge)."""
     predicted = [s for s in series if has_values(s, "pred_q50")][:MAX_PANELS]
     if not predicted:
         return None
-    fig, axes = plt.subplots(
-        len(predicted), 1, figsize=(9, 2.5 + 2 * len(predicted)), squeeze=False
-    )
+    fig, axes = _grid(len(predicted), 1, 10, 2.4)
     for ax, s in zip(axes[:, 0], predicted, strict=True):
         it, actual = s.steps(), _values(s, "iteration_s")
         lo, mid, hi = _values(s, "pred_q10"), _values(s, "pred_q50"), _values(s, "pred_q90")
         ax.fill_between(it, lo, hi, alpha=0.3, color=s.color, step="mid", label="predicted q10-q90")
         ax.plot(it, mid, lw=0.8, color=s.color, label="predicted median")
         ax.plot(it, actual, ".", ms=3, color="black", label="observed")
+        top = robust_limit(np.concatenate([actual, hi]))
+        mark_beyond(ax, it, actual, top, "black")
         known = np.isfinite(lo) & np.isfinite(hi)
         coverage = np.mean((actual[known] >= lo[known]) & (actual[known] <= hi[known]))
-        ax.set(
-            xlabel=STEPS_LABEL,
-            ylabel="iteration time (s)",
-            title=f"{s.label}: observed inside q10-q90 {coverage:.0%} of iterations (ideal 80%)",
-        )
-        ax.legend(fontsize="small")
-    fig.tight_layout()
+        ax.set(xlabel=f"iteration (from the {'replay' if is_replay(s.run) else 'run'}'s first)",
+               ylabel="iteration time (s)", ylim=(0, top))  # fmt: skip
+        ax.set_title(f"{s.label}: observed inside q10-q90 {coverage:.0%} of iterations "
+                     "(ideal 80%)", pad=14)  # fmt: skip
+        _legend_outside(ax)
     return fig
 
 
 def plot_decision_ms(series: list[Series]) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(series)), 4))
+    """A box of the time to choose c per series, each in its policy's colour."""
+    fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(series)), 4.2), layout="constrained")
     data = [_values(s, "decision_ms") for s in series]
-    ax.boxplot(data, showfliers=True)
-    ax.set_xticks(
-        range(1, len(series) + 1), [s.label for s in series], rotation=20, fontsize="small"
-    )
+    boxes = ax.boxplot(data, showfliers=True, patch_artist=True, medianprops={"color": "black"})
+    for box, s in zip(boxes["boxes"], series, strict=True):
+        box.set(facecolor=s.color, alpha=0.6)
+    ax.set_xticks(range(1, len(series) + 1), [s.label for s in series], rotation=30,
+                  ha="right", fontsize="small")  # fmt: skip
     if all(np.all(d > 0) for d in data):
         ax.set_yscale("log")
     ax.set(ylabel="decision time (ms)", title="Time to choose c per iteration")
-    fig.tight_layout()
     return fig
 
 
@@ -489,11 +684,24 @@ METRICS = (
     "idle_fraction",
 )
 OPTIONAL_METRICS = ("oracle_ratio", "idle_fraction", "goodput")  # shown when some run has them
+HEADERS = {
+    "throughput": "throughput (gradients/s)",
+    "goodput": "goodput (one-worker steps/s)",
+    "oracle_ratio": "oracle_ratio (x oracle)",
+    "mean_c": "mean_c (gradients)",
+    "time_to_loss": "time_to_loss (s)",
+    "decision_ms_p50": "decision_ms_p50 (ms)",
+    "decision_ms_p99": "decision_ms_p99 (ms)",
+    "idle_fraction": "idle_fraction (share of worker-s)",
+    "without_stalls": "throughput without stalls (gradients/s)",
+}
 
 
 def series_metrics(s: Series) -> dict[str, float | str | None]:
     """The SPEC metrics of one series: the run's summary where it states them, else computed
-    from its iterations (throughput = sum c / sum iteration time; decision_ms percentiles)."""
+    from its iterations (throughput = sum c / sum iteration time; decision_ms percentiles).
+    time_to_loss reads "not reached" only where a target loss was set, "no target" where a
+    loss was logged without one."""
     c, secs, dms = _values(s, "c"), _values(s, "iteration_s"), _values(s, "decision_ms")
     gains = _values(s, "gain") if has_values(s, "gain") else None
     computed = {
@@ -505,8 +713,12 @@ def series_metrics(s: Series) -> dict[str, float | str | None]:
     }
     given = _summary_for(s)
     metrics = {name: given.get(name, computed.get(name)) for name in METRICS}
-    if "time_to_loss" in given and given["time_to_loss"] is None:
-        metrics["time_to_loss"] = "not reached"
+    if metrics["time_to_loss"] is None and has_values(s, "loss"):
+        has_target = s.run.summary.get("target_loss") is not None
+        metrics["time_to_loss"] = "not reached" if has_target else "no target"
+    kept = ~stall_mask(secs)
+    if not kept.all() and secs[kept].sum() > 0:
+        metrics["without_stalls"] = float(c[kept].sum() / secs[kept].sum())
     return metrics
 
 
@@ -527,11 +739,39 @@ def _fmt(value: float | str | None) -> str:
 
 
 def metrics_table(series: list[Series], shown: tuple[str, ...]) -> list[str]:
-    lines = ["| policy | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
+    """One Markdown row per series, every header with its unit."""
+    heads = ["policy"] + [HEADERS[k] for k in shown]
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
     for s in series:
         m = series_metrics(s)
-        lines.append(f"| {s.policy} | " + " | ".join(_fmt(m[k]) for k in shown) + " |")
+        lines.append(f"| {s.policy} | " + " | ".join(_fmt(m.get(k)) for k in shown) + " |")
     return lines
+
+
+def stall_lines(series: list[Series]) -> list[str]:
+    """The stalls section: each iteration above STALL_FACTOR times its series' median, its
+    share of the run's time, and the series' throughput with and without its stalls."""
+    found = [(s, st) for s in series if (st := find_stalls(s))]
+    if not found:
+        return []
+    lines = ["## Stalls", "",
+             f"Iterations more than {STALL_FACTOR:g}x their series' median time. Each is drawn "
+             "beyond the top edge of throughput.png's and prediction.png's axes (a triangle "
+             "with its value) and does not set their scale; the throughput figures below "
+             "include it unless said.", ""]  # fmt: skip
+    for s, stalls in found:
+        secs, c = _values(s, "iteration_s"), _values(s, "c")
+        kept = ~stall_mask(secs)
+        total = float(np.nansum(secs))
+        with_, without = c.sum() / total, c[kept].sum() / secs[kept].sum()
+        for st in stalls:
+            lines.append(f"- **`{s.run.name}` {s.policy}: iteration {st.iteration} took "
+                         f"{st.seconds:.3f} s, {st.seconds / st.median:.0f}x the median "
+                         f"{st.median:.3f} s**, {st.seconds / total:.0%} of the "
+                         f"{total:.2f} s of all its iterations")  # fmt: skip
+        lines.append(f"  - throughput {with_:.4g} gradients/s with its stalls, "
+                     f"{without:.4g} without")  # fmt: skip
+    return lines + [""]
 
 
 def run_iterations(run: Run) -> int:
@@ -546,7 +786,8 @@ def run_iterations(run: Run) -> int:
 def render_index(
     runs: list[Run], series: list[Series], plots: list[tuple[str, str]], warnings: list[str]
 ) -> str:
-    """The Markdown page: runs, one metrics table per run, then every plot with its caption."""
+    """The Markdown page: runs, stalls, one metrics table per run, then every plot with its
+    caption."""
     all_metrics = [series_metrics(s) for s in series]
     shown = tuple(
         k
@@ -560,20 +801,22 @@ def render_index(
             f"- `{run.name}`: {run.summary.get('kind', '?')} run, {n} workers, "
             f"{t} iterations, traces `{run.summary.get('traces', '?')}` ({run.path})"
         )
+    lines += [""] + stall_lines(series)
     lines += [
-        "",
         "## Metrics",
         "",
         "throughput: gradients applied per second; goodput (when the noise scale is known): "
         "gain(c) per second, one-worker steps of progress; oracle_ratio: throughput / the oracle's "
         "on the same run-times; time_to_loss: seconds until the smoothed loss reaches the "
-        "target; decision_ms: time to choose c; idle_fraction: share of worker-seconds "
-        "waiting or computing dropped gradients.",
+        'target ("no target": none was set); decision_ms: time to choose c; idle_fraction: '
+        "share of worker-seconds waiting or computing dropped gradients.",
         "",
     ]
     for run in runs:
         lines += [f"### {run.name} ({run.summary.get('kind', '?')})", ""]
-        lines += metrics_table([s for s in series if s.run is run], shown) + [""]
+        own = [s for s in series if s.run is run]
+        stalled = any(find_stalls(s) for s in own)
+        lines += metrics_table(own, (*shown, "without_stalls") if stalled else shown) + [""]
     lines += slow_rank_lines(runs)
     lines += ["## Plots", ""]
     for name, caption in plots:
@@ -601,25 +844,37 @@ def slow_rank_lines(runs: list[Run]) -> list[str]:
 
 
 # -- driver -----------------------------------------------------------------------------------
+PANELS_NOTE = (
+    "Training runs and each simulate replay get panels of their own (training and replay "
+    f"seconds never share an axis), at most {MAX_SERIES} series a panel; a policy has one "
+    "colour in every plot, and no two policies share one."
+)
+
+
 def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
     return [
         (
             "cutoff.png",
-            "Cutoff c per iteration (each policy its own colour and line style, nudged apart "
-            "by at most 0.2 so that equal values stay visible; iterations counted from each "
-            "run's or replay's first), live workers grey dotted; asynchronous and batch "
-            "policies, whose steps are updates, in a panel of their own.",
+            "Cutoff c per iteration (asynchronous and batch policies: per update), each series "
+            "at its true value; lines drawn widest first so that equal values show as nested "
+            "stripes, a constant policy's value in its legend entry; live workers the wide "
+            "light-grey step behind. " + PANELS_NOTE,
             plot_cutoff,
         ),
         (
             "noise_scale.png",
-            "Cutoff c over the gradient noise scale B (samples): where B is small a few "
-            "gradients are worth nearly as much as many, and :goodput policies wait for fewer.",
+            "Per iteration: the cutoff c (upper panel of each pair) and the gradient noise "
+            "scale B (lower, samples, log scale); a :goodput policy waits for fewer gradients "
+            "while B is small. " + PANELS_NOTE,
             plot_noise_scale,
         ),
         (
             "throughput.png",
-            "Iteration time and rolling throughput (gradients/s) over wall-clock time.",
+            "Iteration time (left) and throughput over the last "
+            f"{config.rolling_window} iterations (right), over each run's own wall-clock "
+            f"seconds. Iterations above {STALL_FACTOR:g}x their series' median (stalls, listed "
+            "above) lie beyond the top edge, marked with a triangle and their value; the axes "
+            "are scaled to everything else. " + PANELS_NOTE,
             lambda s: plot_throughput(s, config.rolling_window),
         ),
         (
@@ -631,23 +886,31 @@ def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
         ),
         (
             "heatmap.png",
-            "Worker x iteration run-times (colour scale: the 1st to 99th percentile, so one "
-            "stall does not flatten the rest; beyond, the end colours); red crosses: censored "
-            "(cut-off) workers.",
+            "Worker x iteration run-times over the iterations each run used (a simulate run: "
+            "the ones it replayed), all panels on one colour scale (the 1st to 99th percentile "
+            "of their run-times; beyond, the end colours); red crosses: censored (cut-off) "
+            f"workers; magenta stars: run-times above {STALL_FACTOR:g}x the median.",
             plot_heatmap,
         ),
         (
             "cdf.png",
-            "Run-time CDF per worker (Kaplan-Meier: cut-off run-times count as "
-            "censored, not finished).",
+            "Run-time CDF per worker over the iterations each run used (Kaplan-Meier: cut-off "
+            "run-times count as censored, not finished), one x scale for all panels; run-times "
+            f"above {STALL_FACTOR:g}x the median lie beyond the right edge, a triangle marks "
+            "the curve and their values are written in the panel.",
             plot_cdf,
         ),
         (
             "prediction.png",
-            "Predicted q10-q90 band of the iteration time vs the observed time.",
+            "Predicted q10-q90 band and median of the iteration time vs the observed time "
+            "(black dots); stalls beyond the top edge, marked with their value.",
             plot_prediction,
         ),
-        ("decision_ms.png", "Decision time per iteration (ms), per policy.", plot_decision_ms),
+        (
+            "decision_ms.png",
+            "Time to choose c per iteration (ms), a box per series in its policy's colour.",
+            plot_decision_ms,
+        ),
     ]
 
 

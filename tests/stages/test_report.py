@@ -153,7 +153,9 @@ def test_report_without_loss_skips_loss_plot(simulate_dir, tmp_path):
     assert "loss.png" not in names and "heatmap.png" not in names
     assert len(names) >= 3
     assert "loss.png" not in result.index.read_text()
-    assert "| idle_fraction |" not in result.index.read_text()  # column only when present
+    assert (
+        "| idle_fraction (share of worker-s) |" not in result.index.read_text()
+    )  # column only when present
 
 
 def test_non_run_dir_is_one_line_error(tmp_path):
@@ -202,7 +204,7 @@ def test_noise_scale_plot_and_goodput_when_the_run_logged_them(tmp_path):
     assert tmp_path / "r" / "noise_scale.png" in result.plots
     _assert_png(tmp_path / "r" / "noise_scale.png")
     goodput = T / sum(cols["iteration_s"])
-    assert "| goodput |" in result.index.read_text()
+    assert "| goodput (one-worker steps/s) |" in result.index.read_text()
     assert f"{goodput:.4g}" in result.index.read_text()
 
 
@@ -213,7 +215,7 @@ def test_runs_written_before_the_noise_columns_still_report(simulate_dir, tmp_pa
     pq.write_table(pq.read_table(path).drop(["noise_scale", "gain"]), path)
     result = run_report(ReportConfig(run_dirs=(simulate_dir,), out=tmp_path / "r"))
     assert "noise_scale.png" not in {p.name for p in result.plots}
-    assert "| goodput |" not in result.index.read_text()
+    assert "| goodput (one-worker steps/s) |" not in result.index.read_text()
 
 
 def _foreign_dir(path: Path) -> dict[str, bytes]:
