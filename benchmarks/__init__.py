@@ -1,5 +1,6 @@
 """Opt-in benchmarks (``make bench``). Each ``bench_*.py`` exposes ``run(quick=False) -> str``
-returning one Markdown section; ``benchmarks.run`` assembles them into docs/benchmarks.md."""
+returning one Markdown section; ``benchmarks.run`` assembles them into
+docs/benchmarks-generated.md (docs/benchmarks.md is the hand-written reference)."""
 
 import os
 
