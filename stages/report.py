@@ -1,8 +1,12 @@
 """``bdsgd report``: draw what happened in one or more run directories.
 
 A run directory (``schemas/run_dir.py``) holds ``summary.json`` and ``iterations.parquet``; a
-train run holds one policy, a simulate run several. Every (run, policy) pair is one *series*, and
-every plot overlays all series, so runs of different policies compare on the same axes:
+train run holds one policy, a simulate run several. Every (run, policy) pair is one *series*. A
+panel holds the series of one clock (the training runs, or one simulate run's replay), at most
+MAX_SERIES of them (more go to further panels); a policy has one colour in every plot and no two
+policies share one. An iteration above STALL_FACTOR times its series' median is a *stall*:
+index.md lists it with the series' throughput without it, and the plots draw it beyond the edge
+of axes scaled to everything else (``robust_limit``):
 
     cutoff.png      c and the number of live workers over iterations (asynchronous: updates)
     noise_scale.png c next to the gradient noise scale (runs whose iterations have ``noise_scale``)
@@ -438,14 +442,16 @@ def plot_noise_scale(series: list[Series]) -> plt.Figure | None:
     fig, axes = _grid(2 * len(groups), 1, 11, 2.4)
     for k, panel in enumerate(groups):
         top, bottom = axes[2 * k, 0], axes[2 * k + 1, 0]
-        for s in panel.series:
+        widths = layered_widths(len(panel.series))
+        for s, lw in zip(panel.series, widths, strict=True):
             it, noise = s.steps(), _values(s, "noise_scale")
-            top.step(it, _values(s, "c"), where="post", lw=0.9, label=s.label, **s.style)
-            bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=0.9, **s.style)
+            top.step(it, _values(s, "c"), where="post", lw=lw, label=s.label, **s.style)
+            bottom.plot(it, np.where(np.isfinite(noise), noise, np.nan), lw=lw, **s.style)
+        step = "update" if panel.updates else "iteration"
         top.yaxis.set_major_locator(MaxNLocator(integer=True))
-        top.set(ylabel="c (gradients)", title=f"Cutoff c per iteration: {panel.title}")
+        top.set(ylabel="c (gradients)", title=f"Cutoff c per {step}: {panel.title}")
         bottom.set(xlabel=_steps_label(panel), ylabel="noise scale B (samples)", yscale="log",
-                   title=f"Gradient noise scale B per iteration: {panel.title}")  # fmt: skip
+                   title=f"Gradient noise scale B per {step}: {panel.title}")  # fmt: skip
         bottom.sharex(top)
         _legend_outside(top)
     return fig
