@@ -390,9 +390,9 @@ def _steps_label(panel: Panel) -> str:
 
 
 def layered_widths(n: int) -> np.ndarray:
-    """Line widths from 3.2 (drawn first, underneath) down to 1.0 (on top): series with equal
+    """Line widths from 4.5 (drawn first, underneath) down to 1.0 (on top): series with equal
     values show as nested stripes instead of hiding one another."""
-    return np.linspace(3.2, 1.0, n) if n > 1 else np.array([1.4])
+    return np.linspace(4.5, 1.0, n) if n > 1 else np.array([1.4])
 
 
 def plot_cutoff(series: list[Series]) -> plt.Figure:
@@ -427,7 +427,7 @@ def _live_workers(ax: plt.Axes, group: tuple[Series, ...]) -> None:
         x, y = s.steps(), _values(s, "workers")
         if any(np.array_equal(x, a) and np.array_equal(y, b) for a, b in drawn):
             continue
-        ax.step(x, y, where="post", lw=4.0, color="0.8", zorder=1,
+        ax.step(x, y, where="post", lw=6.0, color="0.8", zorder=1,
                 label="live workers" if not drawn else None)  # fmt: skip
         drawn.append((x, y))
 
@@ -879,15 +879,15 @@ def _plot_specs(config: ReportConfig) -> list[tuple[str, str, PlotFn]]:
             "Iteration time (left) and throughput over the last "
             f"{config.rolling_window} iterations (right), over each run's own wall-clock "
             f"seconds. Iterations above {STALL_FACTOR:g}x their series' median (stalls, listed "
-            "above) lie beyond the top edge, marked with a triangle and their value; the axes "
-            "are scaled to everything else. " + PANELS_NOTE,
+            "above) lie beyond the top edge, marked with a triangle and their value, their span "
+            "of wall-clock time shaded; the axes are scaled to everything else. " + PANELS_NOTE,
             lambda s: plot_throughput(s, config.rolling_window),
         ),
         (
             "loss.png",
             "Training loss vs wall-clock time (time_to_loss dashed where the smoothed loss "
-            "reached the target) and vs gradients applied: throughput gains count only if the "
-            "loss falls as fast per second.",
+            "reached the target; a stall's span shaded) and vs gradients applied: throughput "
+            "gains count only if the loss falls as fast per second.",
             plot_loss,
         ),
         (
