@@ -8,18 +8,31 @@ examples/ddp_bdsgd.py is the same job with its all-reduce under a cutoff policy.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import time
+import os
 
-import torch
-import torch.distributed as dist
-from tinygpt import Delays, arguments, build_loader, build_model, device_and_backend, warmup_cosine
-from torch.nn.parallel import DistributedDataParallel as DDP
+# c10d logs a warning for every store wait that times out; read when torch loads, so set first
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from tinygpt import (  # noqa: E402
+    Delays,
+    Progress,
+    arguments,
+    build_loader,
+    build_model,
+    device_and_backend,
+    warmup_cosine,
+)
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 
 def main() -> None:
-    args = arguments()
+    args = arguments(__doc__)
     device, backend = device_and_backend()
     dist.init_process_group(backend if args.backend == "auto" else args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -29,6 +42,7 @@ def main() -> None:
     sched = warmup_cosine(opt, args.warmup, args.steps)
     batches = iter(build_loader(args.batch_size, args.steps, world, rank, args.seed))
     delays = Delays(args.stragglers, world, rank, args.seed)  # emulated stragglers (benchmarks)
+    progress = Progress(rank, args.steps, args.log_every)
     metrics, t0 = [], time.perf_counter()
     for step in range(args.steps):
         tokens, step_loss = next(batches).to(device), 0.0
@@ -45,6 +59,7 @@ def main() -> None:
         sched.step()
         opt.zero_grad(set_to_none=True)
         metrics.append((step, time.perf_counter() - t0, float(step_loss)))
+        progress.step(step, float(step_loss))
     if rank == 0 and args.metrics:
         with open(args.metrics, "w") as fh:
             json.dump({"steps": metrics}, fh)

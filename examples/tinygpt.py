@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 import torch
 import torch.distributed.nn  # noqa: F401 (before the group, else it outlives it: docs/library.md)
@@ -73,22 +74,50 @@ def device_and_backend() -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def arguments(extra=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch-size", type=int, default=16, help="per rank")
-    ap.add_argument("--micro-batches", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    ap.add_argument("--stragglers", default="none", help="emulated stragglers (benchmarks)")
+class HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help with every default, and the script's docstring as written."""
+
+
+def arguments(description: str, extra=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description, formatter_class=HelpFormat)
+    ap.add_argument("--steps", type=int, default=200, help="optimizer steps")
+    ap.add_argument("--batch-size", type=int, default=16, help="sequences per rank and step")
+    ap.add_argument("--micro-batches", type=int, default=4, help="gradient accumulation steps")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    ap.add_argument("--warmup", type=int, default=10, help="linear warmup steps, then cosine")
+    ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    ap.add_argument("--width", type=int, default=128, help="embedding width")
+    ap.add_argument("--seed", type=int, default=0, help="model init, data order, stragglers")
+    ap.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                    help="auto: nccl on GPUs, gloo on CPUs")  # fmt: skip
+    ap.add_argument("--stragglers", default="none",
+                    help="emulated stragglers of a benchmark, e.g. synthetic:base_s=0.05")  # fmt: skip
+    ap.add_argument(
+        "--log-every", type=int, default=10, help="rank 0 prints progress every N steps"
+    )
     ap.add_argument("--metrics", help="rank 0 writes per-step wall time and loss here (JSON)")
     if extra is not None:
         extra(ap)
     return ap.parse_args()
+
+
+class Progress:
+    """Rank 0's progress line every ``every`` steps: the step, its loss, steps per second."""
+
+    def __init__(self, rank: int, steps: int, every: int, start: int = 0) -> None:
+        self.show = rank == 0 and every > 0
+        self.steps, self.every = steps, every
+        self.mark, self.mark_step = time.perf_counter(), start
+
+    def step(self, step: int, loss: float | None, extra: str = "") -> None:
+        done = step + 1
+        if not self.show or (done % self.every and done != self.steps):
+            return
+        now = time.perf_counter()
+        rate = (done - self.mark_step) / (now - self.mark)
+        self.mark, self.mark_step = now, done
+        shown = "-" if loss is None else f"{loss:.3f}"
+        print(f"step {done}/{self.steps}  loss {shown}  {rate:.2f} steps/s{extra}", flush=True)
 
 
 class Delays:
@@ -102,6 +131,4 @@ class Delays:
 
     def sleep(self, step: int, parts: int) -> None:
         if self.column is not None:
-            import time
-
             time.sleep(self.column.at(step) / parts)
