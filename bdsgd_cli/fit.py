@@ -49,9 +49,9 @@ SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
     is_flag=True,
     default=False,
     help="Model a host's slow spell ending (a drop of the whole host) as well as starting: "
-    "better held-out NLL on hosts that switch in and out of slow spells, throughput about "
-    "0.5% lower where hosts slow down gradually; a decision costs the same at 256 workers, up "
-    "to 20% more at 1,024. With --init, the earlier checkpoint's choice stands. Without it, "
+    "better held-out NLL on hosts that switch in and out of slow spells, a little less "
+    "throughput where hosts slow down gradually, a dearer decision at 1,024 workers "
+    "(docs/decisions.md). With --init, the earlier checkpoint's choice stands. Without it, "
     "fit may still turn it on (--auto-host-ks).",
 )
 @click.option(
@@ -60,7 +60,7 @@ SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
     default=False,
     help="Filter each host's slow spells as a two-state chain and give the model what it says: "
     "better held-out NLL and run-time calibration on hosts that switch in and out of slow "
-    "spells, throughput up to 1.6% lower where hosts slow down gradually. With --init from a "
+    "spells, a little less throughput where hosts slow down gradually. With --init from a "
     "checkpoint without it, its weights start at 0; one with it keeps it. Without it, fit may "
     "still turn it on (--auto-host-ks).",
 )
@@ -72,8 +72,7 @@ SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
     help="Without --host-drops, --host-regime and --init: when the held-out run-times' PIT KS "
     "distance is above this (the predictive's shape is off), fit again with --host-drops "
     "--host-regime and keep that fit if its KS is lower (the fit takes about twice as long). "
-    "On clusters whose hosts switch in and out of slow spells it brought the KS within 0.05 at "
-    "the same throughput. 1: never.",
+    "1: never.",
 )
 @click.option(
     "--holdout",
