@@ -85,7 +85,12 @@ SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
     "--threads", type=int, default=1, show_default=True, help="torch CPU threads while fitting."
 )
 @click.option(
-    "--no-progress", "progress", flag_value=False, default=True, help="No progress bar on stderr."
+    "--no-progress",
+    "progress",
+    flag_value=False,
+    default=True,
+    show_default=False,
+    help="No progress bar on stderr.",
 )
 @options.skip_bad_files
 @options.json_out

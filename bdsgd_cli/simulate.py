@@ -22,6 +22,7 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
 @click.option(
     "--policies",
     default="",
+    show_default=False,
     help="Comma-separated specs (full, static:C, elfving, ecdf, ewma, bdsgd, k-batch-sync:K, "
     "k-async:K, async, adasync, oracle; ecdf, ewma and bdsgd take ':iteration' for the "
     "per-iteration objective and ':online' or ':fixed' to revise c at every arrival or not; "
