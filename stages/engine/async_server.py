@@ -1,4 +1,4 @@
-"""The asynchronous variant (``k-async:K``, ``async``, ``adasync``), through the simulator's
+"""The parameter server's update (``k-async:K``, ``async``, ``adasync``), through the simulator's
 :class:`bdsgd.stages.policies.async_driver.AsyncDriver`. One update reads top to bottom in
 :meth:`AsyncServer.step`: ask the driver for K, take the next K gradients in arrival order
 (whichever parameters they were computed on), step, tell the driver (which tells the policy), and

@@ -84,7 +84,7 @@ class StopRun(Exception):
 
 
 class Engine(abc.ABC):
-    """The loop and the bookkeeping; ``kind`` names the variant in checkpoints."""
+    """The loop and the bookkeeping; ``kind`` names the server in checkpoints."""
 
     kind: str = "engine"
 
@@ -137,7 +137,7 @@ class Engine(abc.ABC):
     stopping = False  # after a stop: only what was begun is run (:meth:`run_announced`)
 
     def one_iteration(self) -> contextlib.AbstractContextManager:
-        """What an iteration runs in: Ctrl-C ends a run between iterations. Every engine applies
+        """What an iteration runs in: Ctrl-C ends a run between iterations. The server applies
         an update before it records it, so an update ended between the two would be in the
         parameters (and the checkpoint) but not in the log, and a resumed run would apply it
         again; the waits inside are bounded. After a stop, Ctrl-C acts at once."""
@@ -170,7 +170,7 @@ class Engine(abc.ABC):
         return self.evaluate()
 
     def extras(self) -> dict:
-        """What the run's summary says of the engine (variants add their own)."""
+        """What the run's summary says of the server (a subclass adds its own)."""
         return {"engine": self.kind}
 
     # -- liveness -----------------------------------------------------------------------------
@@ -218,11 +218,11 @@ class Engine(abc.ABC):
             )
 
     def on_dead(self, workers: list[int]) -> None:  # noqa: B027 (a hook, empty by default)
-        """Hook: what a variant does when workers are declared dead."""
+        """Hook: what a subclass does when workers are declared dead."""
 
     # -- metrics ------------------------------------------------------------------------------
     def record(self, t: int, predicted: dict | None = None, **values) -> dict:
-        """The metrics row of iteration t: the variant's ``values`` plus what every engine logs
+        """The metrics row of iteration t: the subclass's ``values`` plus what every update logs
         (policy, wall clock, live workers, held-out loss when due, the policy's prediction for
         t: ``predicted``, or what it describes now)."""
         row = dict(
@@ -317,7 +317,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def parameter_state(self) -> dict:
-        """The model and optimizer state to save (variants that hold parameters)."""
+        """The model and optimizer state to save (a subclass that holds parameters)."""
 
     @abc.abstractmethod
     def load_parameter_state(self, state: dict) -> None:

@@ -78,5 +78,5 @@ def scaled_lr(cfg: EngineConfig, n: float, live: int, gain: float | None = None)
     ratio = n / max(live, 1)
     if cfg.lr_scaling == "adascale":
         return cfg.lr * (gain if gain is not None else ratio)
-    rule = "linear" if cfg.lr_scaling == "auto" else cfg.lr_scaling  # (these engines step SGD)
+    rule = "linear" if cfg.lr_scaling == "auto" else cfg.lr_scaling  # (the server steps SGD)
     return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]

@@ -1,6 +1,6 @@
-"""The training loop ``bdsgd train --engine loop`` and ``bdsgd profile --engine loop`` run on each
-rank: a :class:`~bdsgd.stages.workloads.Workload` trained through :class:`bdsgd.Cutoff`, the
-library a user puts in their own script, so the command line and a user's job share one engine.
+"""The training loop ``bdsgd train`` (every synchronous policy) and ``bdsgd profile`` run on
+each rank: a :class:`~bdsgd.stages.workloads.Workload` trained through :class:`bdsgd.Cutoff`, the
+library a user puts in their own script, so the command line and a user's job share one path.
 
 The workload's optimizer, LR scheduler, data, autocast dtype and clip norm are used where it
 gives them (:class:`~bdsgd.stages.workloads.Workload`); the built-ins train with SGD and
