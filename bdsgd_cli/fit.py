@@ -15,7 +15,7 @@ SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
 
 
 @click.command()
-@options.traces
+@options.existing_traces
 @click.option(
     "--checkpoint",
     required=True,

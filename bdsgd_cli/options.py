@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import click
 
-traces = click.option(
-    "--traces",
-    "traces",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Trace store directory (Parquet files, schema v1).",
-)
+
+def _traces(exists: bool):
+    return click.option(
+        "--traces",
+        "traces",
+        required=True,
+        type=click.Path(file_okay=False, exists=exists),
+        help="Trace store directory (Parquet files, schema v1).",
+    )
+
+
+traces = _traces(exists=False)  # a store the command may create (profile, import)
+existing_traces = _traces(exists=True)  # a store the command reads (fit)
 seed = click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 json_out = click.option(
     "--json", "json_out", is_flag=True, help="Print a JSON summary as the last line of stdout."

@@ -12,7 +12,11 @@ from bdsgd_cli.common import emit_json, run_stage
 
 @click.command("report")
 @click.argument(
-    "run_dirs", nargs=-1, required=True, metavar="RUN_DIR...", type=click.Path(path_type=Path)
+    "run_dirs",
+    nargs=-1,
+    required=True,
+    metavar="RUN_DIR...",
+    type=click.Path(exists=True, path_type=Path),
 )
 @click.option(
     "--out",

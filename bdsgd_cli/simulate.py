@@ -15,7 +15,7 @@ SPEC_KEYS = ("throughput", "oracle_ratio", "mean_c", "decision_ms")
 @click.command()
 @click.option(
     "--traces",
-    type=click.Path(file_okay=False),
+    type=click.Path(file_okay=False, exists=True),
     help="Trace store to replay (Parquet files, schema v1).",
 )
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Fitted model: adds bdsgd.")

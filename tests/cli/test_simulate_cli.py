@@ -134,7 +134,7 @@ def test_unknown_policy_is_a_one_line_error(tmp_path):
 
 def test_missing_traces_and_missing_checkpoint_are_one_line_errors(tmp_path):
     result = CliRunner().invoke(cli, ["simulate", "--traces", str(tmp_path / "none")])
-    assert "no trace files" in one_line_error(result)
+    assert "does not exist" in one_line_error(result)
     result = CliRunner().invoke(cli, ["simulate"])
     assert "--traces" in one_line_error(result)
     write_run(tmp_path / "traces", "profile-1", straggling(10, 4))

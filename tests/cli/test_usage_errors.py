@@ -54,7 +54,10 @@ def run_cli(args: list[str], cwd) -> tuple[dict, str]:
         ),
         (["train", "--workers", "2", "--policy", "full"], "missing --iterations, --traces, --out"),
         (["profile", "--workers", "0", "--iterations", "5", "--traces", "t"], "x>=1"),
-        (["simulate", "--traces", "t", "--policies", "full,ewma:fast"], "policy 'ewma:fast'"),
+        (["simulate", "--traces", ".", "--policies", "full,ewma:fast"], "policy 'ewma:fast'"),
+        (["simulate", "--traces", "t"], "Directory 't' does not exist"),
+        (["fit", "--traces", "t", "--checkpoint", "m.pt"], "Directory 't' does not exist"),
+        (["report", "t", "--out", "o"], "Path 't' does not exist"),
     ],
 )
 def test_refused_before_torch_pyro_or_polars(tmp_path, args, needle):
