@@ -11,6 +11,23 @@ from bdsgd_cli.common import emit_json, run_stage
 
 AUTO_HOST_KS = 0.05  # bdsgd.stages.fit's (imported late, with torch)
 SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
+
+
+class StepsType(click.ParamType):
+    """``--steps``: a positive integer, or ``auto`` (None: ``FitConfig.steps``'s default)."""
+
+    name = "INTEGER|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or value == "auto":
+            return None
+        try:
+            steps = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a whole number nor auto", param, ctx)
+        return steps  # (FitConfig checks that it is at least 1)
+
+
 """The calibration's two scores, as the lines below name them."""
 
 
@@ -23,7 +40,21 @@ SCORED = (("runtime", "run-times"), ("order_stat", "x_(c)"))
     help="Where to write the fitted model (one file, written atomically): a new path, or an "
     "earlier bdsgd checkpoint, which it replaces; never inside --traces.",
 )
-@click.option("--steps", type=int, default=2000, show_default=True, help="SVI steps.")
+@click.option(
+    "--steps",
+    type=StepsType(),
+    default="auto",
+    show_default=True,
+    help="Most SVI steps; auto: from 200 for a few hundred run-times to 2000 for about 50,000 "
+    "and more (about 9 per square root of the run-times trained on).",
+)
+@click.option(
+    "--early-stop/--no-early-stop",
+    default=True,
+    show_default=True,
+    help="Stop when the ELBO of the first half of the held-out part stops improving, and keep "
+    "the weights of its best check.",
+)
 @options.seed
 @click.option(
     "--init",
@@ -124,8 +155,13 @@ def _print_table(result) -> None:
         chosen = [name for name, on in (("host drops", result.host_drops),
                                         ("the host regime", result.host_regime)) if on]  # fmt: skip
         console.print(f"the model has {' and '.join(chosen)}")
+    stopped = result.steps < result.planned_steps
+    console.print(
+        f"fitted {result.steps} of {result.planned_steps} steps"
+        + (" (stopped early: the held-out ELBO stopped improving)" if stopped else "")
+    )
     if result.val_nll is None:
-        console.print(f"fitted {result.steps} steps -> {result.checkpoint} (no held-out data)")
+        console.print(f"checkpoint: {result.checkpoint} (no held-out data)")
         return
     table = Table(title="held-out NLL (nats/run-time)")
     table.add_column("predictor")

@@ -13,6 +13,7 @@ with a note: their rows count each worker's own computations, not iterations beg
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -40,6 +41,7 @@ from bdsgd.stages.model.clipped_adam import FusedClippedAdam
 from bdsgd.stages.model.data import (
     DEFAULT_FEATURES,
     NUM_FEATURES,
+    PER_ENTRY,
     Normaliser,
     RunTensors,
     sample_windows,
@@ -50,8 +52,8 @@ from bdsgd.stages.model.evaluate import Filtered, NllReport, evaluate, split
 from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.store import RunMatrix, TraceStore, to_run_matrix
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from scipy.special import smirnovi
 
 AUTO_HOST_KS = 0.05
 """The issue's bar for the held-out run-times' PIT KS (issue 31): :attr:`FitConfig.auto_host_ks`."""
@@ -71,12 +73,16 @@ class FitConfig:
     """Trace store directory (schema v1)."""
     checkpoint: Path
     """Where to write the fitted model (written atomically)."""
-    steps: int = 2000
-    """SVI steps (one mini-batch of windows each). 2000 rather than 1000: on a held-out cluster
-    whose hosts slow down gradually (not in jumps) the online policy gained 1.2-1.9 points of
-    oracle_ratio, and it was unchanged on the others (docs/benchmarks.md); a fit at N=32,
-    T=2000 takes 51-63 CPU seconds on one core of this project's 2-core machine (docs/benchmarks.md),
-    about 4 minutes at N=256."""
+    steps: int | None = None
+    """Most SVI steps (one mini-batch of windows each). None (``--steps auto``, the default):
+    :func:`auto_steps` of the training part, from :data:`AUTO_MIN_STEPS` for a few hundred
+    run-times to :data:`AUTO_MAX_STEPS` from about 50,000 (32 workers x 1,600 iterations).
+    With ``early_stop`` the fit may stop before."""
+    early_stop: bool = True
+    """Stop when the ELBO of the stopping span (the first half of each run's held-out part, the
+    span the recalibration measures on; never trained on) has not improved by
+    :data:`STOP_MIN_DELTA` nats per run-time over :data:`STOP_PATIENCE` checks, and keep the
+    weights of its best check (:class:`EarlyStop`). Nothing stops without a held-out part."""
     seed: int = 0
     """Seeds parameter initialisation, window sampling and evaluation."""
     init: Path | None = None
@@ -144,7 +150,7 @@ class FitConfig:
     def __post_init__(self) -> None:
         cpus = os.cpu_count() or 1
         checks = {
-            "steps must be >= 1": self.steps >= 1,
+            "steps must be >= 1": self.steps is None or self.steps >= 1,
             "window must be >= 2": self.window >= 2,
             "batch must be >= 1": self.batch >= 1,
             "lr must be > 0": self.lr > 0,
@@ -187,10 +193,21 @@ class FitResult:
     ``auto_host_ks``)."""
     host_regime: bool = False
     """Whether the saved model filters the host regime (likewise)."""
+    planned_steps: int = 0
+    """The steps the fit could take (``steps`` or :func:`auto_steps`); ``steps`` is those it
+    took before it stopped (:class:`EarlyStop`)."""
+    usable: bool = True
+    """Whether the held-out scores pass :func:`assess` (written into the checkpoint's summary:
+    a policy runs its fallback from the first iteration on a model that does not)."""
+    unusable_reason: str | None = None
+    """Why not, in one line (None where usable)."""
 
     def to_json(self) -> dict:
         return {
             "steps": self.steps,
+            "planned_steps": self.planned_steps,
+            "usable": self.usable,
+            "unusable_reason": self.unusable_reason,
             "step_workers": self.step_workers,
             "val_nll": self.val_nll,
             "baseline_nll": self.baseline_nll,
@@ -211,7 +228,8 @@ class Fitted:
 
 
 def run_fit(config: FitConfig) -> FitResult:
-    """Train, evaluate on the held-out tails, save the checkpoint; see the module docstring."""
+    """Train, evaluate on the held-out tails, mark whether the model is usable
+    (:func:`assess`), save the checkpoint; see the module docstring."""
     began = time.perf_counter()
     check_output(config.checkpoint, config.traces)
     prior = load_checkpoint(config.init) if config.init is not None else None
@@ -220,18 +238,92 @@ def run_fit(config: FitConfig) -> FitResult:
             f"{config.init}: fitted without host drops; fit without --init to model them"
         )
     runs = _load_runs(config.traces, config.skip_bad_files)
+    check_enough(runs)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        with retained_heap():
-            fitted = _fit(config, runs, prior)
+        with retained_heap(), FitBar(config.progress) as bar:
+            fitted = _fit(config, runs, prior, bar)
             if wants_refit(config, prior, fitted.result):  # the first saved: a stopped
-                save_checkpoint(config.checkpoint, fitted.checkpoint)  # refit keeps it
-                fitted = _refit(config, runs, fitted)
+                save_checkpoint(
+                    config.checkpoint, _marked(fitted, runs).checkpoint
+                )  # refit keeps it
+                fitted = _refit(config, runs, fitted, bar)
     finally:
         torch.set_num_threads(threads)
+    fitted = _marked(fitted, runs)
+    if not fitted.result.usable:
+        console.print(f"fit: {fitted.result.unusable_reason}")
     save_checkpoint(config.checkpoint, fitted.checkpoint)
     return dataclasses.replace(fitted.result, fit_s=time.perf_counter() - began)
+
+
+MIN_ITERATIONS = 20
+"""Fewer iterations than this in every run: ``fit`` refuses (:func:`check_enough`): the
+held-out part (its last 20%) is then 4 iterations or fewer, too few to stop, recalibrate or
+score a fit on."""
+PROFILE_ITERATIONS = 120
+"""The shortest profile ``fit`` recommends (docs/faq.md): two and a half training windows of
+48 iterations, and a held-out part of 24 to recalibrate and score on."""
+USABLE_KS = 0.1
+"""A held-out PIT KS distance at or under this never marks a model unusable (:func:`assess`)."""
+USABLE_KS_P = 0.005
+"""... nor one a calibrated predictive exceeds with at least this chance (one-sided) over as
+many values: over few held-out values a large KS is noise."""
+
+
+def check_enough(runs: list[RunMatrix]) -> None:
+    """Refuse, in one line, a store whose runs are all shorter than :data:`MIN_ITERATIONS`."""
+    longest = max(run.shape[0] for run in runs)
+    if longest < MIN_ITERATIONS:
+        raise ConfigError(
+            f"fit: the longest run has {longest} iterations, too few to fit and score a model "
+            f"(at least {MIN_ITERATIONS}): profile at least {PROFILE_ITERATIONS} iterations, "
+            "or train with --policy ecdf"
+        )
+
+
+def ks_bar(count: int) -> float:
+    """The PIT KS distance above which :func:`assess` calls ``count`` held-out values
+    uncalibrated: :data:`USABLE_KS`, or what a calibrated predictive exceeds with chance
+    :data:`USABLE_KS_P` over ``count`` values if that is larger."""
+    return max(USABLE_KS, float(smirnovi(max(count, 1), USABLE_KS_P)))
+
+
+def assess(result: FitResult, runs: list[RunMatrix]) -> str | None:
+    """Why the fitted model is not fit for a policy to lean on, in one line, or None: its
+    held-out NLL is not finite or worse than the ``window`` baseline's, or the held-out PIT KS
+    of the run-times or of x_(c) is above :func:`ks_bar` of its count. A fit without a held-out
+    part is not assessed."""
+    if result.val_nll is None:
+        return None
+    problems = []
+    window = result.baseline_nll["window"]
+    if not math.isfinite(result.val_nll) or result.val_nll > window:
+        problems.append(f"held-out NLL {result.val_nll:.3f} is worse than the pooled window's "
+                        f"{window:.3f}")  # fmt: skip
+    for key, label in (("runtime", "run-times"), ("order_stat", "x_(c)")):
+        scores = (result.calibration or {}).get(key) or {}
+        ks, count = scores.get("ks"), scores.get("count", 0)
+        if ks is not None and ks > ks_bar(count):
+            problems.append(f"held-out PIT KS of {label} {ks:.3f} is above {ks_bar(count):.3f}")
+    if not problems:
+        return None
+    longest = max(run.shape[0] for run in runs)
+    return (
+        f"the model is not calibrated on held-out data ({'; '.join(problems)}) and is marked "
+        f"unusable: profile longer (at least {max(PROFILE_ITERATIONS, 2 * longest)} "
+        "iterations), or train with --policy ecdf"
+    )
+
+
+def _marked(fitted: Fitted, runs: list[RunMatrix]) -> Fitted:
+    """``fitted`` with :func:`assess`'s verdict in its result and in its checkpoint's summary
+    (``usable``, ``unusable_reason``: :attr:`Checkpoint.usable`)."""
+    reason = assess(fitted.result, runs)
+    mark = {"usable": reason is None, "unusable_reason": reason}
+    ckpt = dataclasses.replace(fitted.checkpoint, summary={**fitted.checkpoint.summary, **mark})
+    return Fitted(ckpt, dataclasses.replace(fitted.result, **mark))
 
 
 def wants_refit(config: FitConfig, prior: Checkpoint | None, result: FitResult) -> bool:
@@ -257,7 +349,7 @@ def runtime_ks(result: FitResult) -> float | None:
     return runtime.get("ks")
 
 
-def _refit(config: FitConfig, runs: list[RunMatrix], first: Fitted) -> Fitted:
+def _refit(config: FitConfig, runs: list[RunMatrix], first: Fitted, bar: FitBar) -> Fitted:
     """Fit again with host drops and the host regime; keep whichever fit has the lower
     held-out run-time KS (the second only with finite weights), and say so. A second fit that
     fails keeps the first: nobody asked for it."""
@@ -268,7 +360,7 @@ def _refit(config: FitConfig, runs: list[RunMatrix], first: Fitted) -> Fitted:
     )
     richer = dataclasses.replace(config, host_drops=True, host_regime=True)
     try:
-        second = _fit(richer, runs, None)
+        second = _fit(richer, runs, None, bar)
     except Exception as err:  # (not Ctrl-C: the first fit is saved already)
         console.print(f"fit: the second fit failed ({err}); kept the first")
         second = None
@@ -338,7 +430,9 @@ def own_step(run: RunMatrix) -> int:
     return step if workers >= AUTO_FROM and step <= AUTO_MAX_SHARE * workers else 0
 
 
-def _fit(config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None) -> Fitted:
+def _fit(
+    config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None, bar: FitBar | None = None
+) -> Fitted:
     """Train on the runs' heads, recalibrate and score on the held-out part; nothing saved."""
     began = time.perf_counter()
     if config.step_workers is None:  # the checkpoint records what the fit did
@@ -346,11 +440,21 @@ def _fit(config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None) -> 
     pyro.set_rng_seed(config.seed)
     pyro.clear_param_store()
     train_runs = [_head(r, split(r.shape[0], config.holdout)) for r in runs]
+    if config.steps is None:
+        config = dataclasses.replace(config, steps=auto_steps(train_runs))
     model, norm, vocab = _setup_model(config, train_runs, prior)
     rng = np.random.default_rng(config.seed)
     shown = train_runs + [policy_censored(r, rng) for r in train_runs if config.censor_copy]
     features = model.cfg.num_features
-    losses = train(model, [_tensors(r, norm, vocab, features) for r in shown], config)
+    stop = None
+    if config.early_stop and config.holdout > 0:
+        windows = stopping_windows(runs, config, lambda r: _tensors(r, norm, vocab, features))
+        stop = EarlyStop(windows, every=max(STOP_MIN_EVERY, config.steps // STOP_CHECKS),
+                         seed=config.seed)  # fmt: skip
+    data = [_tensors(r, norm, vocab, features) for r in shown]
+    losses = train(model, data, config, stop=stop, bar=bar)
+    if bar is not None:
+        bar.phase("score")
     ckpt = Checkpoint(model, norm, vocab, runs[-1].hosts, _plain(config), {})
     spans = recalibration_spans(runs, config.holdout)  # first half of the held-out part
     filtered = Filtered()  # both filter every run from its start to the held-out part
@@ -360,9 +464,11 @@ def _fit(config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None) -> 
     if config.holdout > 0:  # calibration on the second half: neither trained nor recalibrated on
         report = evaluate(ckpt, runs, config.holdout, config.eval_samples, config.seed,
                           calibration_skip=0.5, filtered=filtered)  # fmt: skip
-    ckpt = dataclasses.replace(ckpt, summary=_summary(config, runs, report, ckpt.common))
+    taken = dataclasses.replace(config, steps=len(losses))
+    ckpt = dataclasses.replace(ckpt, summary=_summary(taken, runs, report, ckpt.common))
+    ckpt.summary["planned_steps"] = config.steps
     result = FitResult(
-        steps=config.steps,
+        steps=len(losses),
         val_nll=report.model if report else None,
         baseline_nll={"window": report.window, "ewma": report.ewma} if report else None,
         checkpoint=config.checkpoint,
@@ -372,8 +478,108 @@ def _fit(config: FitConfig, runs: list[RunMatrix], prior: Checkpoint | None) -> 
         step_workers=config.step_workers,
         host_drops=model.cfg.recovery,
         host_regime=model.cfg.num_features == NUM_FEATURES,
+        planned_steps=config.steps,
     )
     return Fitted(ckpt, result)
+
+
+AUTO_MIN_STEPS = 200
+"""The fewest steps :func:`auto_steps` plans (a few hundred run-times)."""
+AUTO_MAX_STEPS = 2000
+"""The most it plans (about 50,000 run-times and more)."""
+AUTO_STEPS_PER_ROOT = 9.0
+"""Steps per square root of the training run-times (:func:`auto_steps`)."""
+
+
+def auto_steps(train_runs: list[RunMatrix]) -> int:
+    """The steps a fit plans by default: :data:`AUTO_STEPS_PER_ROOT` times the square root of
+    the run-times it trains on, within :data:`AUTO_MIN_STEPS` .. :data:`AUTO_MAX_STEPS`: more
+    data holds more for the networks to learn, each step sees a batch of windows whatever the
+    store's size."""
+    entries = sum(int((r.present & np.isfinite(r.runtimes)).sum()) for r in train_runs)
+    planned = round(AUTO_STEPS_PER_ROOT * math.sqrt(entries))
+    return int(min(AUTO_MAX_STEPS, max(AUTO_MIN_STEPS, planned)))
+
+
+STOP_CHECKS = 40
+"""Checks of the stopping score over the planned steps (:class:`EarlyStop`) ..."""
+STOP_MIN_EVERY = 10
+"""... at most one every this many steps."""
+STOP_PATIENCE = 5
+"""Checks without an improvement of :data:`STOP_MIN_DELTA` after which the fit stops."""
+STOP_MIN_DELTA = 0.002
+"""Nats per run-time: a smaller improvement of the stopping score does not count."""
+STOP_MAX_WINDOWS = 32
+"""At most this many windows per run score a check."""
+
+
+def stopping_windows(runs: list[RunMatrix], config: FitConfig, tensors) -> list[tuple]:
+    """(windows, mask) batches that score the stopping span of each run: the first half of its
+    held-out part (:func:`recalibration_spans`), cut in blocks of half a window, each scored at
+    the end of a window (up to ``config.window`` iterations) of what precedes it, so that the
+    guide has filtered into it. ``tensors``: a run -> its :class:`RunTensors`. The mask (B, L)
+    is 1 at the scored iterations."""
+    out = []
+    for run, (begin, end) in zip(runs, recalibration_spans(runs, config.holdout), strict=True):
+        if begin < 2 or end <= begin:
+            continue
+        data = tensors(_head(run, end))
+        length = min(config.window, end)
+        half = max(1, length // 2)
+        blocks = list(range(begin, end, half))
+        if len(blocks) > STOP_MAX_WINDOWS:
+            blocks = [
+                blocks[i] for i in np.linspace(0, len(blocks) - 1, STOP_MAX_WINDOWS, dtype=int)
+            ]
+        starts, mask = [], torch.zeros(len(blocks), length)
+        for i, block in enumerate(blocks):
+            last = min(block + half, end)
+            first = max(0, last - length)  # (the window then runs past ``last``, unscored)
+            starts.append(first)
+            mask[i, block - first : last - first] = 1.0
+        idx = torch.as_tensor(starts)[:, None] + torch.arange(length)[None, :]
+        fields = {name: getattr(data, name)[idx] for name in PER_ENTRY}
+        out.append((dataclasses.replace(data, **fields), mask))
+    return out
+
+
+class EarlyStop:
+    """The stopping rule of a fit: every ``every`` steps, the negative ELBO per run-time of the
+    stopping windows (:func:`stopping_windows`; :meth:`RuntimeModel.step_elbo` at the scored
+    iterations, the guide's path drawn with a fixed seed, so that checks differ only by the
+    weights); stop after :data:`STOP_PATIENCE` checks without an improvement of
+    :data:`STOP_MIN_DELTA`; :meth:`restore` puts back the weights of the best check."""
+
+    def __init__(self, windows: list[tuple], every: int, seed: int = 0) -> None:
+        self.windows, self.every, self.seed = windows, every, seed
+        self.scores: list[tuple[int, float]] = []
+        self.best, self.best_state, self.improved_at = math.inf, None, 0
+
+    def score(self, model: RuntimeModel) -> float:
+        total, count = 0.0, 0.0
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            for batch, mask in self.windows:
+                total += float((model.step_elbo(batch) * mask).sum())
+                count += float((batch.present.sum(-1) * mask).sum())
+        return -total / max(count, 1.0)
+
+    def check(self, step: int, model: RuntimeModel) -> bool:
+        """After ``step`` steps: whether to stop."""
+        if not self.windows or step % self.every:
+            return False
+        score = self.score(model)
+        self.scores.append((step, score))
+        if score < self.best - STOP_MIN_DELTA:
+            self.improved_at = step
+        if score < self.best:
+            self.best = score
+            self.best_state = copy.deepcopy(model.state_dict())
+        return step - self.improved_at >= STOP_PATIENCE * self.every
+
+    def restore(self, model: RuntimeModel) -> None:
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
 
 
 def _tensors(run: RunMatrix, norm: Normaliser, vocab: Vocab, num_features: int) -> RunTensors:
@@ -474,35 +680,52 @@ def _setup_model(
     return model, prior.norm, vocab
 
 
-def train(model: RuntimeModel, data: list[RunTensors], config: FitConfig) -> list[float]:
-    """SVI on random windows; returns the loss (negative ELBO per training entry) of each step.
+def train(
+    model: RuntimeModel,
+    data: list[RunTensors],
+    config: FitConfig,
+    stop: EarlyStop | None = None,
+    bar: FitBar | None = None,
+) -> list[float]:
+    """SVI on random windows; returns the loss (negative ELBO per training entry) of each step
+    taken: ``config.steps``, or fewer where ``stop`` says so (then with its best weights).
 
     Each step is what ``pyro.infer.SVI.step`` with ``TraceMeanField_ELBO`` does, written out:
     the ELBO's differentiable loss (:meth:`RuntimeModel.negative_elbo`, without Pyro's traces),
     its gradients, one optimizer step of every parameter, the gradients cleared. The model and
     guide use the module's parameters directly instead of registering them with ``pyro.module``
-    at every call (72 parameter sites a step, about 1.1-1.7 ms of a 27 ms step), and the same
-    updates follow (the same losses to the last bit as Pyro's SVI, ``tests/stages/test_fit.py``).
-    ``config.step_workers`` None is every worker here: :func:`run_fit` gives it its default
-    (:func:`auto_step_workers`) first."""
+    at every call, and the same updates follow (the same losses to the last bit as Pyro's SVI,
+    ``tests/stages/test_fit.py``). ``config.step_workers`` None is every worker here:
+    :func:`run_fit` gives it its default (:func:`auto_step_workers`) first."""
     rng = np.random.default_rng(config.seed)
     optim = FusedClippedAdam(lr=config.lr, lrd=0.1 ** (1.0 / config.steps), clip_norm=10.0)
     params = [p for p in model.parameters() if p.requires_grad]
     losses: list[float] = []
-    with _progress(config.progress) as bar, pyro.validation_enabled(False):
-        task = bar.add_task("fit", total=config.steps, elbo=float("nan"))
-        for _ in range(config.steps):
-            batch = sample_windows(data, config.window, config.batch, rng)
-            # step_workers None (run_fit resolves it by auto_step_workers): every worker here
-            batch = subsample_hosts(batch, config.step_workers or 0, rng)
-            batch = _mask_unknown(batch, config.unknown_p, rng)
-            loss = model.negative_elbo(batch)
-            loss.backward()
-            optim(params)
-            for p in params:
-                p.grad = None
-            losses.append(loss.item() / max(float(batch.present.sum()) * batch.weight, 1.0))
-            bar.update(task, advance=1, elbo=-float(np.mean(losses[-20:])))
+    owned = bar is None
+    bar = FitBar(config.progress).__enter__() if owned else bar
+    bar.plan(config.steps)
+    try:
+        with pyro.validation_enabled(False):
+            for step in range(1, config.steps + 1):
+                batch = sample_windows(data, config.window, config.batch, rng)
+                # step_workers None (run_fit resolves it by auto_step_workers): every worker
+                batch = subsample_hosts(batch, config.step_workers or 0, rng)
+                batch = _mask_unknown(batch, config.unknown_p, rng)
+                loss = model.negative_elbo(batch)
+                loss.backward()
+                optim(params)
+                for p in params:
+                    p.grad = None
+                losses.append(loss.item() / max(float(batch.present.sum()) * batch.weight, 1.0))
+                bar.step(-float(np.mean(losses[-20:])))
+                if stop is not None and stop.check(step, model):
+                    break
+        bar.unplan(config.steps - len(losses))
+        if stop is not None:
+            stop.restore(model)
+    finally:
+        if owned:
+            bar.__exit__(None, None, None)
     model.eval()
     return losses
 
@@ -517,17 +740,45 @@ def _mask_unknown(batch: RunTensors, p: float, rng: np.random.Generator) -> RunT
     )
 
 
-def _progress(enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[bold]fit"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("ELBO/entry {task.fields[elbo]:.3f}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=False,
-    )
+class FitBar:
+    """The one progress bar of a fit, refit included, on stderr: the steps planned so far
+    (:meth:`plan`, less those an early stop left untaken, :meth:`unplan`), the ELBO per entry
+    and what the fit is doing (training, scoring on the held-out part)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]fit"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[phase]} ELBO/entry {task.fields[elbo]:.3f}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+            transient=False,
+        )
+        self.task = None
+
+    def __enter__(self) -> FitBar:
+        self.progress.start()
+        self.task = self.progress.add_task("fit", total=0, elbo=float("nan"), phase="train")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def plan(self, steps: int) -> None:
+        total = self.progress.tasks[0].total or 0
+        self.progress.update(self.task, total=total + steps, phase="train")
+
+    def unplan(self, steps: int) -> None:
+        if steps:
+            self.progress.update(self.task, total=self.progress.tasks[0].total - steps)
+
+    def step(self, elbo: float) -> None:
+        self.progress.update(self.task, advance=1, elbo=elbo)
+
+    def phase(self, name: str) -> None:
+        self.progress.update(self.task, phase=name)
 
 
 def _plain(config: FitConfig) -> dict:

@@ -106,6 +106,17 @@ class Checkpoint:
     the draws' locations spread about their mean, set by ``bdsgd.stages.model.recalibrate`` after
     training ((0, 0, 1, 1): none)."""
 
+    @property
+    def usable(self) -> bool:
+        """Whether ``fit`` found the model calibrated on held-out data and no worse than the
+        pooled-window baseline (``summary["usable"]``); a checkpoint without the mark is."""
+        return bool(self.summary.get("usable", True))
+
+    @property
+    def unusable_reason(self) -> str | None:
+        """Why ``fit`` marked the model unusable, in one line (None where it is usable)."""
+        return None if self.usable else str(self.summary.get("unusable_reason") or "")
+
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` atomically; raises CheckpointError if the location is not writable, or if

@@ -593,6 +593,30 @@ class RuntimeModel(nn.Module):
         kl = kl_at_draw(q, MarkovPath(self.transition, self.z_init, batch, length))
         return -((0.0 - kl.sum()) + self.emission_log_lik(z, data, params).sum())
 
+    def step_elbo(self, data: RunTensors) -> torch.Tensor:
+        """The ELBO's terms of each iteration of a batch of windows at one draw of the guide's
+        path: log p(y_t | z_t) - KL(q(z_t | z_{t-1}, x_{<=t}) || p(z_t | z_{t-1})), (B, L).
+        Their sum over t is :meth:`negative_elbo`'s negative; the guide filters (past only), so
+        the terms of a window's last iterations score them given its earlier ones."""
+        batch, length = data.y.shape[:2]
+        params = self.head(data.worker_idx, data.host_idx)
+        q = FilteredPath(self.combiner, self.z_q_init, self.encoder(data, params.emb))
+        z = q.rsample()
+        path, loc, scale = q.drawn
+        p_loc, p_scale = MarkovPath(self.transition, self.z_init, batch, length).conditionals(path)
+        kl = torch.distributions.kl_divergence(
+            torch.distributions.Normal(loc, scale), torch.distributions.Normal(p_loc, p_scale)
+        ).sum(-1)
+        hosts = HostIndex.of(data.groups)
+        base = self.emitter.base(
+            params, data.ewma, data.sd, data.feats, data.present, hosts, data.known
+        )
+        z_loc, z_scale = self.emitter(z, params, base)
+        ll = self.emitter.joint_log_lik(
+            data.y, data.censored, data.present, z_loc, z_scale, params, base, hosts
+        )
+        return ll - kl
+
     def _emb(self, data: RunTensors) -> torch.Tensor:
         """The guide's call of the head, for the encoder's embeddings."""
         return self.head(data.worker_idx, data.host_idx).emb

@@ -112,8 +112,12 @@ def test_cli_defaults_are_the_stage_config_defaults():
         for f in dataclasses.fields(FitConfig)
         if f.default is not dataclasses.MISSING
     }
-    shared = {p.name: p.default for p in fit.params if p.name in fields and p.default is not None}
-    assert "steps" in shared
+    shared = {  # (through the option's type: --steps auto is FitConfig.steps None)
+        p.name: p.type.convert(p.default, p, None)
+        for p in fit.params
+        if p.name in fields and p.default is not None
+    }
+    assert "steps" in shared and "early_stop" in shared
     for name, default in shared.items():
         assert default == fields[name], name
 

@@ -191,7 +191,7 @@ def test_fitting_again_replaces_the_earlier_checkpoint(tmp_path):
 def test_a_failed_fit_leaves_no_new_folder(tmp_path, monkeypatch):
     _store(tmp_path / "traces")
 
-    def interrupted(*args):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("bdsgd.stages.fit.train", interrupted)
@@ -457,9 +457,9 @@ def _second_fit(monkeypatch, outcome):
     """Make ``fit._fit``'s second call (the refit) do ``outcome(config, runs, prior)``."""
     real, calls = fit._fit, []
 
-    def counted(config, runs, prior):
+    def counted(config, runs, prior, bar=None):
         calls.append(config)
-        return real(config, runs, prior) if len(calls) == 1 else outcome(config, runs, prior)
+        return real(config, runs, prior, bar) if len(calls) == 1 else outcome(config, runs, prior)
 
     monkeypatch.setattr(fit, "_fit", counted)
     return real, calls
