@@ -76,3 +76,7 @@ def cli() -> None:
 
     Typical loop: bdsgd profile -> bdsgd fit -> bdsgd simulate / bdsgd train -> bdsgd report.
     """
+
+
+if __name__ == "__main__":  # python -m bdsgd_cli.main, as python -m bdsgd_cli
+    cli()
