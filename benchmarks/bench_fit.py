@@ -30,6 +30,32 @@ CASES = {
 }
 
 
+def straggling_job(
+    seed: int,
+    iterations: int = 120,
+    workers: int = 4,
+    micro_batches: int = 4,
+    device_s: float = 0.04,
+    slow_factor: float = 2.5,
+    spell_s: float = 0.6,
+    spell_p: float = 0.08,
+) -> tuple[np.ndarray, list[str]]:
+    """(T, N) run-times of a small data-parallel job on one host, as its profile records them:
+    each step is ``micro_batches`` micro-batches of ``device_s`` emulated device time plus the
+    host's own compute (about 12 ms each, log-normal, sd 0.35 in log); rank 0 is persistently
+    ``slow_factor`` times slower on the device; each rank, each step, has a spell of
+    ``spell_s`` seconds with probability ``spell_p``; the machine's load moves every rank of a
+    step together by a log-normal factor (sd 0.03)."""
+    rng = np.random.default_rng(seed)
+    factor = np.ones(workers)
+    factor[0] = slow_factor
+    own = 0.012 * np.exp(rng.normal(0.0, 0.35, (iterations, workers, micro_batches)))
+    x = (device_s * factor[None, :, None] + own).sum(-1)
+    x += (rng.random((iterations, workers)) < spell_p) * spell_s
+    x *= np.exp(rng.normal(0.0, 0.03, (iterations, 1)))
+    return x, ["host0"] * workers
+
+
 def write_cluster(
     store: TraceStore, cluster: SyntheticCluster, workers: int, iterations: int
 ) -> None:

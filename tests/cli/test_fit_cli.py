@@ -210,3 +210,50 @@ def test_ks_above_the_bound_and_beyond_chance_is_flagged_and_none_is_left_out():
     few = _ks_line({"runtime": {"ks": 0.106, "ks_p95": 0.12}})  # within chance over few values
     assert few.endswith("run-times 0.106")
     assert _ks_line(None) is None and _ks_line({"runtime": {"ks": None}}) is None
+
+
+def _job_store(path, iterations: int, workers: int):
+    from bdsgd.stages.store import TraceStore
+
+    from benchmarks.bench_fit import straggling_job
+    from tests.stages.model.clusters import write_run
+
+    x, hosts = straggling_job(0, iterations, workers)
+    store = TraceStore(path)
+    write_run(store, "profile", x, x < 0, hosts)
+    return store
+
+
+def test_too_short_a_profile_is_refused_in_one_line(tmp_path):
+    store = _job_store(tmp_path / "traces", iterations=12, workers=3)
+    result = _invoke("--traces", str(store.path), "--checkpoint", str(tmp_path / "m.pt"))
+    assert result.exit_code != 0 and result.stderr.count("\n") == 1
+    assert "too few to fit" in result.stderr and "--policy ecdf" in result.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_short_profile_is_marked_unusable_in_one_line_and_in_the_json(tmp_path):
+    store = _job_store(tmp_path / "traces", iterations=30, workers=3)
+    ckpt = tmp_path / "m.pt"
+    result = _invoke("--traces", str(store.path), "--checkpoint", str(ckpt), *FAST, "--json")
+    if result.exit_code != 0:  # refused: one line
+        assert result.stderr.count("\n") == 1
+        return
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["usable"] is False and "profile longer" in payload["unusable_reason"]
+    said = " ".join(result.stderr.split())
+    assert said.count("marked unusable") == 1 and "--policy ecdf" in said
+    assert torch.load(ckpt, weights_only=True)["summary"]["usable"] is False
+
+
+def test_steps_auto_is_the_default_and_the_json_says_what_was_taken(tmp_path):
+    store = tiny_store(tmp_path / "traces")
+    args = ["--window", "12", "--batch", "2", "--no-progress", "--no-early-stop", "--json"]
+    result = _invoke("--traces", str(store.path), "--checkpoint", str(tmp_path / "m.pt"), *args)
+    assert result.exit_code == 0, result.stderr
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["steps"] == payload["planned_steps"] == 200
+    assert "fitted 200 of 200 steps" in result.stderr
+    bad = _invoke("--traces", str(store.path), "--checkpoint", str(tmp_path / "n.pt"),
+                  "--steps", "many")  # fmt: skip
+    assert bad.exit_code != 0 and "neither a whole number nor auto" in bad.stderr

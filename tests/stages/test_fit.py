@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -506,3 +507,138 @@ def test_a_refit_stopped_by_ctrl_c_leaves_the_first_fit_saved(tmp_path, monkeypa
         run_fit(config)
     saved = load_checkpoint(config.checkpoint)
     assert not saved.model.cfg.recovery and saved.summary["val_nll"] is not None
+
+
+def _job_store(path: Path, iterations: int, workers: int, seed: int = 0) -> TraceStore:
+    """A profile of a small job: one rank 2.5x slower, 0.6 s spells (p 0.08) on every rank."""
+    from benchmarks.bench_fit import straggling_job
+
+    x, hosts = straggling_job(seed, iterations, workers)
+    store = TraceStore(path)
+    write_run(store, "profile", x, np.zeros_like(x, dtype=bool), hosts)
+    return store
+
+
+def test_a_profile_too_short_to_score_is_refused_in_one_line(tmp_path):
+    _job_store(tmp_path / "traces", iterations=fit.MIN_ITERATIONS - 1, workers=3)
+    with pytest.raises(ConfigError, match="too few to fit") as err:
+        run_fit(_config(tmp_path))
+    assert "\n" not in str(err.value) and "--policy ecdf" in str(err.value)
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_30_iteration_3_worker_profile_is_refused_or_marked_unusable(tmp_path, capsys):
+    """The profile a user takes of a short job: fit either refuses it or writes a checkpoint
+    that says, in its plain metadata, that no policy should lean on it, and prints one line."""
+    _job_store(tmp_path / "traces", iterations=30, workers=3)
+    try:
+        result = run_fit(_config(tmp_path, steps=None))
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        return
+    assert not result.usable and "profile longer" in result.unusable_reason
+    payload = torch.load(result.checkpoint, weights_only=True)
+    assert payload["summary"]["usable"] is False
+    assert payload["summary"]["unusable_reason"] == result.unusable_reason
+    assert "\n" not in result.unusable_reason
+    ckpt = load_checkpoint(result.checkpoint)
+    assert not ckpt.usable and ckpt.unusable_reason == result.unusable_reason
+    said = capsys.readouterr().err
+    assert len([line for line in said.splitlines() if "unusable" in line]) <= 1
+    assert "marked unusable" in " ".join(said.split())
+
+
+def _result(val_nll=-1.0, window=-0.5, ks=0.05, count=6400, order_ks=0.05, order_count=200):
+    calibration = {
+        "runtime": {"ks": ks, "count": count},
+        "order_stat": {"ks": order_ks, "count": order_count},
+    }
+    return fit.FitResult(steps=1, val_nll=val_nll, baseline_nll={"window": window, "ewma": 0.0},
+                         checkpoint=Path("m.pt"), fit_s=0.0, losses=[],
+                         calibration=calibration)  # fmt: skip
+
+
+def test_assess_marks_a_model_worse_than_the_window_or_off_beyond_its_noise():
+    runs = [RunMatrix("r", np.ones((120, 4)), np.zeros((120, 4), bool), np.ones((120, 4), bool),
+                      ("h",) * 4)]  # fmt: skip
+    assert fit.assess(_result(), runs) is None
+    assert "worse than the pooled window" in fit.assess(_result(val_nll=834.7), runs)
+    assert "worse than the pooled window" in fit.assess(_result(val_nll=float("nan")), runs)
+    # the bar is scaled to the values scored: 0.2 is noise over 48 values, not over 6,400
+    assert fit.assess(_result(ks=0.2, count=48), runs) is None
+    reason = fit.assess(_result(ks=0.2, count=6400), runs)
+    assert "run-times 0.200" in reason and "at least 240 iterations" in reason
+    assert "x_(c)" in fit.assess(_result(order_ks=0.4, order_count=200), runs)
+    assert fit.ks_bar(48) > fit.ks_bar(480) >= fit.ks_bar(6400) == fit.USABLE_KS
+    no_holdout = dataclasses.replace(_result(), val_nll=None, calibration=None)
+    assert fit.assess(no_holdout, runs) is None
+
+
+def _runs(workers: int, iterations: int) -> list[RunMatrix]:
+    shape = (iterations, workers)
+    return [RunMatrix("r", np.ones(shape), np.zeros(shape, bool), np.ones(shape, bool),
+                      ("h",) * workers)]  # fmt: skip
+
+
+def test_auto_steps_grow_with_the_data_within_bounds():
+    sizes = [(3, 24), (4, 96), (8, 400), (16, 800), (32, 1600), (256, 800)]
+    steps = [fit.auto_steps(_runs(n, t)) for n, t in sizes]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+    assert steps[0] == steps[1] == fit.AUTO_MIN_STEPS  # a few hundred run-times
+    assert steps[2] > fit.AUTO_MIN_STEPS and steps[3] > steps[2]
+    assert steps[4] == steps[5] == fit.AUTO_MAX_STEPS  # 32 x 1,600 and more
+    # missing entries are not data
+    sparse = _runs(32, 1600)[0]
+    sparse = dataclasses.replace(sparse, present=np.zeros((1600, 32), bool))
+    assert fit.auto_steps([sparse]) == fit.AUTO_MIN_STEPS
+
+
+def test_a_default_fit_plans_its_steps_from_the_data(tmp_path):
+    _store(tmp_path / "traces", workers=5, iterations=60)
+    result = run_fit(_config(tmp_path, steps=None, early_stop=False))
+    assert result.planned_steps == result.steps == fit.AUTO_MIN_STEPS
+    assert load_checkpoint(result.checkpoint).summary["planned_steps"] == fit.AUTO_MIN_STEPS
+
+
+def test_early_stop_stops_when_the_score_stops_improving_and_keeps_the_best_weights(
+    tmp_path, monkeypatch
+):
+    """Scores improve until the third check, then worsen: the fit stops STOP_PATIENCE checks
+    after the last improvement and puts back the weights of the best check."""
+    _store(tmp_path / "traces", workers=5, iterations=60)
+    scores = iter([1.0, 0.5, 0.2] + [0.3 + 0.01 * k for k in range(100)])
+    kept = {}
+
+    def score(self, model):
+        value = next(scores)
+        if value == 0.2:
+            kept.update({k: v.clone() for k, v in model.state_dict().items()})
+        return value
+
+    monkeypatch.setattr(fit.EarlyStop, "score", score)
+    result = run_fit(_config(tmp_path, steps=1000))
+    every = max(fit.STOP_MIN_EVERY, 1000 // fit.STOP_CHECKS)
+    assert result.planned_steps == 1000
+    assert result.steps == (3 + fit.STOP_PATIENCE) * every
+    saved = load_checkpoint(result.checkpoint).model.state_dict()
+    for name, value in kept.items():
+        torch.testing.assert_close(saved[name], value, rtol=0, atol=0)
+
+
+def test_early_stop_scores_only_the_held_out_span_with_a_fixed_draw(tmp_path):
+    """The stopping windows score the first half of the held-out part, nothing trained on;
+    the score is the same twice for the same weights (the guide's draw is seeded)."""
+    runs = [
+        TraceStore(_store(tmp_path / "traces", workers=4, iterations=100).path).run_matrices()[0]
+    ]
+    config = _config(tmp_path, window=16)
+    tensors = fit.stopping_windows(runs, config, lambda r: to_tensors(
+        r, Normaliser.fit([r]), torch.arange(1, 5), torch.tensor([1, 2, 1, 2])))  # fmt: skip
+    ((batch, mask),) = tensors
+    assert batch.y.shape[1] == 16 and mask.sum() == 10  # iterations 80..89 of 100
+    torch.manual_seed(0)
+    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    stop = fit.EarlyStop(tensors, every=1)
+    before = torch.random.get_rng_state()
+    assert stop.score(model) == stop.score(model)
+    assert torch.equal(before, torch.random.get_rng_state())  # training's stream untouched

@@ -57,6 +57,22 @@ def test_file_is_plain_data_for_weights_only_load(tmp_path):
     assert all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values())
 
 
+def test_the_usable_mark_is_plain_metadata_and_defaults_to_usable(tmp_path):
+    """``fit`` writes ``usable``/``unusable_reason`` into the summary; a checkpoint without
+    them (written before the mark, or by hand) reads as usable."""
+    unmarked = load_checkpoint(save_checkpoint(tmp_path / "a.pt", _checkpoint()))
+    assert unmarked.usable and unmarked.unusable_reason is None
+    reason = "the model is not calibrated on held-out data: profile longer"
+    ckpt = dataclasses.replace(_checkpoint(), summary={"usable": False, "unusable_reason": reason})
+    path = save_checkpoint(tmp_path / "b.pt", ckpt)
+    summary = torch.load(path, weights_only=True)["summary"]
+    assert summary["usable"] is False and summary["unusable_reason"] == reason
+    loaded = load_checkpoint(path)
+    assert not loaded.usable and loaded.unusable_reason == reason
+    ok = dataclasses.replace(_checkpoint(), summary={"usable": True, "unusable_reason": None})
+    assert load_checkpoint(save_checkpoint(tmp_path / "c.pt", ok)).usable
+
+
 @pytest.mark.parametrize("version", [1, 3, 8, 99, 5.0, "5"])
 def test_wrong_version_is_one_clear_error(tmp_path, version):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
