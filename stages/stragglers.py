@@ -9,6 +9,10 @@ Specs (``--stragglers``):
   slowly; every delay has log-normal noise and rare heavy-tailed (Pareto) spikes.
 - ``replay:PATH``: the run-times of a schema-v1 trace store or Parquet file. Worker w plays trace
   worker ``w mod N'`` and iteration t plays ``t mod T'`` of the trace's first run.
+- ``job[:PRESET][:key=value,...]``: a user's job (:class:`JobCluster`): every rank's emulated
+  device time per step, persistently slow ranks (from some iteration on), and transient slow
+  spells of a rank or of a whole host. Presets (:data:`JOB_PRESETS`): ``slow_rank`` (the
+  default), ``two_slow``, ``host_spells``, ``late_slowdown``.
 
 ``--time-scale`` multiplies every delay (e.g. 0.01 turns a 1 s cluster into 10 ms).
 
@@ -119,6 +123,81 @@ class SyntheticCluster:
         spikes = rng.random((iterations, workers)) < self.spike_p
         terms[4] = spikes * np.log(rng.pareto(self.spike_alpha, (iterations, workers)) + 1.0)
         return terms
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobCluster:
+    """A user's data-parallel job: each rank's step is ``micro_batches`` micro-batches of
+    ``device_s`` seconds each, times ``slow_factor`` for the persistently slow ranks (ranks
+    0..slow_ranks-1, from iteration ``slow_from`` on), times a log-normal jitter, plus a spell of
+    ``spell_s`` seconds with probability ``spell_p`` per rank and step (per host and step with
+    ``host_spells``: every rank of the host at once). The library path waits each step's delay
+    out spread over the rank's micro-batches, so a spell is spread over them too.
+
+    The draws of (rank, block of iterations) and (host, block) come from their own streams, so
+    a delay is the same whatever the run's length or the process that asks."""
+
+    device_s: float = 0.04
+    """Emulated device time of one micro-batch on a healthy rank, seconds."""
+    micro_batches: int = 4
+    """Micro-batches per step."""
+    hosts: int = 1
+    """Emulated hosts; rank w lives on host ``w mod hosts``."""
+    slow_ranks: int = 1
+    """Ranks 0..slow_ranks-1 are persistently slow."""
+    slow_factor: float = 2.5
+    """How much slower a persistently slow rank computes."""
+    slow_from: int = 0
+    """The iteration from which the slow ranks are slow (before it they are healthy)."""
+    spell_s: float = 0.6
+    """Length of a transient slow spell, seconds (added to the step)."""
+    spell_p: float = 0.08
+    """Probability of a spell per rank and step (per host and step with ``host_spells``)."""
+    host_spells: bool = False
+    """A spell hits every rank of a host together."""
+    sigma: float = 0.05
+    """Std. dev. of the per-step log-normal jitter of the device time."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not all(math.isfinite(v) for v in (self.device_s, self.slow_factor, self.spell_s,
+                                              self.spell_p, self.sigma)):  # fmt: skip
+            raise ConfigError("job stragglers: every parameter must be finite")
+        if self.device_s <= 0 or self.micro_batches < 1 or self.hosts < 1:
+            raise ConfigError("job stragglers need device_s > 0, micro_batches >= 1, hosts >= 1")
+        if self.slow_ranks < 0 or self.slow_factor < 1 or self.slow_from < 0:
+            raise ConfigError(
+                "job stragglers need slow_ranks >= 0, slow_factor >= 1, slow_from >= 0"
+            )
+        if self.spell_s < 0 or not 0.0 <= self.spell_p <= 1.0 or self.sigma < 0:
+            raise ConfigError("job stragglers need spell_s >= 0, spell_p in [0, 1], sigma >= 0")
+
+    @property
+    def step_s(self) -> float:
+        """A healthy rank's median step, seconds."""
+        return self.device_s * self.micro_batches
+
+    def host_of(self, workers: int) -> list[str]:
+        return [f"host{w % self.hosts}" for w in range(workers)]
+
+    def delays(self, iterations: int, workers: int) -> np.ndarray:
+        """(T, N) delays in seconds (each rank's :meth:`column`)."""
+        cols = [self.column(iterations, workers, w) for w in range(workers)]
+        return np.stack([c.values(0, iterations) for c in cols], axis=1).reshape(iterations, -1)
+
+    def column(self, iterations: int, workers: int, w: int) -> Column:
+        return JobColumn(self, iterations, w)
+
+
+JOB_PRESETS: dict[str, dict] = {
+    "slow_rank": {},
+    "two_slow": {"slow_ranks": 2},
+    "host_spells": {"hosts": 2, "host_spells": True},
+    "late_slowdown": {"slow_from": 100},
+}
+"""``job:PRESET``: one rank 2.5x slower and rank spells of 0.6 s with probability 0.08
+(``slow_rank``); two slow ranks (``two_slow``); spells on a whole host of two (``host_spells``);
+the slow rank healthy until iteration 100 (``late_slowdown``)."""
 
 
 @dataclass(frozen=True)
@@ -267,6 +346,40 @@ class SyntheticColumn(Column):
         return out
 
 
+class JobColumn(Column):
+    """Rank w's delays of a :class:`JobCluster`, drawn :data:`BLOCK` iterations at a time."""
+
+    def __init__(self, job: JobCluster, iterations: int, w: int) -> None:
+        self.job, self.length, self.w = job, iterations, w
+        self.host = w % job.hosts
+        self.block, self.cached = -1, np.zeros(0)
+
+    def at(self, t: int) -> float:
+        if t // BLOCK != self.block:
+            self.block = t // BLOCK
+            self.cached = self.draw(self.block)
+        return float(self.cached[t % BLOCK])
+
+    def values(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.zeros(0)
+        blocks = range(start // BLOCK, (stop - 1) // BLOCK + 1)
+        out = np.concatenate([self.draw(b) for b in blocks])
+        return out[start - blocks[0] * BLOCK : stop - blocks[0] * BLOCK]
+
+    def draw(self, b: int) -> np.ndarray:
+        job = self.job
+        t = np.arange(b * BLOCK, (b + 1) * BLOCK)
+        rng = np.random.default_rng([job.seed, 5, self.w, b])
+        step = job.step_s * np.exp(job.sigma * rng.standard_normal(BLOCK))
+        if self.w < job.slow_ranks:
+            step = np.where(t >= job.slow_from, step * job.slow_factor, step)
+        spells = rng.random(BLOCK)
+        if job.host_spells:
+            spells = np.random.default_rng([job.seed, 6, self.host, b]).random(BLOCK)
+        return step + job.spell_s * (spells < job.spell_p)
+
+
 def parse_stragglers(spec: str, seed: int = 0, time_scale: float = 1.0) -> Scaled:
     """Turn a ``--stragglers`` spec into a model. Raises ConfigError/TraceError on bad specs."""
     if not (math.isfinite(time_scale) and time_scale > 0):
@@ -280,26 +393,53 @@ def parse_stragglers(spec: str, seed: int = 0, time_scale: float = 1.0) -> Scale
         if not arg:
             raise ConfigError("--stragglers replay:PATH needs a path")
         return Scaled(load_replay(arg), time_scale)
+    if kind == "job":
+        return Scaled(parse_job(arg, seed), time_scale)
     raise ConfigError(
-        f"unknown --stragglers spec {spec!r} (none, synthetic[:k=v,...], replay:PATH)"
+        f"unknown --stragglers spec {spec!r} (none, synthetic[:k=v,...], replay:PATH, "
+        f"job[:PRESET][:k=v,...])"
     )
 
 
-def _parse_params(arg: str) -> dict:
-    fields = {f.name: f.type for f in dataclasses.fields(SyntheticCluster)}
+def parse_job(arg: str, seed: int = 0) -> JobCluster:
+    """``job``'s argument: an optional preset name (:data:`JOB_PRESETS`), then ``key=value``
+    pairs that override it, separated by commas or colons."""
+    items = [item for item in arg.replace(":", ",").split(",") if item]
+    params = dict(JOB_PRESETS["slow_rank"])
+    if items and "=" not in items[0]:
+        name = items.pop(0)
+        if name not in JOB_PRESETS:
+            raise ConfigError(f"unknown job preset {name!r} (known: {', '.join(JOB_PRESETS)})")
+        params = dict(JOB_PRESETS[name])
+    params.update(_parse_params(",".join(items), JobCluster, "job"))
+    return JobCluster(seed=seed, **params)
+
+
+def _parse_params(arg: str, cls: type = SyntheticCluster, kind: str = "synthetic") -> dict:
+    """``key=value,...`` to the fields of ``cls`` (ints, floats, and for a bool field 0/1 or
+    true/false); ``seed`` comes from ``--seed``, never from the spec."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
     params: dict = {}
     for item in filter(None, arg.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in fields or key == "seed":
             known = ", ".join(k for k in fields if k != "seed")
-            raise ConfigError(f"bad synthetic straggler parameter {item!r} (known: {known})")
+            raise ConfigError(f"bad {kind} straggler parameter {item!r} (known: {known})")
         try:
-            params[key] = int(value) if fields[key] in ("int", int) else float(value)
+            params[key] = _number(value, fields[key])
         except ValueError:
             raise ConfigError(
-                f"synthetic straggler parameter {key} needs a number, got {value!r}"
+                f"{kind} straggler parameter {key} needs a number, got {value!r}"
             ) from None
     return params
+
+
+def _number(value: str, kind) -> int | float | bool:
+    if kind in ("bool", bool):
+        if value.lower() not in ("0", "1", "true", "false"):
+            raise ValueError(value)
+        return value.lower() in ("1", "true")
+    return int(value) if kind in ("int", int) else float(value)
 
 
 def load_replay(path: str) -> ReplayCluster:

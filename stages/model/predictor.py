@@ -214,6 +214,12 @@ class RuntimePredictor:
             }
         return self._constants
 
+    def prepare(self) -> None:
+        """Set up the conditional of the iteration last sampled (what :meth:`remaining` would set
+        up at its first call), so that a policy can do it before the iteration begins."""
+        if self._drawn is not None and self._arrivals is None:
+            self._arrivals = Arrivals(self, *self._drawn)
+
     def remaining(
         self, now_s: float, runtimes: np.ndarray, arrived: np.ndarray, waiting: np.ndarray
     ) -> np.ndarray:
@@ -222,18 +228,21 @@ class RuntimePredictor:
         took ``runtimes`` and the waiting ones are still running ``now_s`` seconds in: (S,
         n_waiting), S as in that call. Workers in neither mask (dead) are left out. Meant for
         deciding, at each arrival, whether the gradients still out are worth waiting for (see
-        :class:`Arrivals`)."""
+        :class:`Arrivals`). The draws are moved by the online shift as :meth:`sample`'s are,
+        and the arrivals are read at that level: a run-time as predicted by the shifted draws
+        is an ordinary one to the conditional too."""
         if self._drawn is None:
             raise RuntimeError("predictor: remaining() needs a sample() of the iteration first")
         if self._arrivals is None:
             self._arrivals = Arrivals(self, *self._drawn)
-        norm = self.norm
+        scale = self.norm.scale
+        loc = self.norm.loc + (self.online.log_shift if self.online is not None else 0.0)
         x = np.where(arrived, np.asarray(runtimes, dtype=np.float64), 1.0)
-        y = (np.log(np.maximum(x, 1e-12)) - norm.loc) / norm.scale
-        y_now = (math.log(max(now_s, 1e-12)) - norm.loc) / norm.scale
+        y = (np.log(np.maximum(x, 1e-12)) - loc) / scale
+        y_now = (math.log(max(now_s, 1e-12)) - loc) / scale
         draws = self._arrivals.sample(y, np.asarray(arrived), np.asarray(waiting), y_now)
-        draws *= np.float32(norm.scale)
-        draws += np.float32(norm.loc)
+        draws *= np.float32(scale)
+        draws += np.float32(loc)
         # float32 (7 digits of a run-time; sorting them costs 60% of float64's); above the
         # present by construction, but for float32's rounding far out in the tail
         return np.maximum(np.exp(draws, out=draws), float32_at_least(now_s), out=draws)
