@@ -100,6 +100,14 @@ SPEC_KEYS = (
     "run ends when a rank dies).",
 )
 @click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Synchronous policies on one machine: restart the job from its last checkpoint when a "
+    "rank dies, at most this many times.",
+)
+@click.option(
     "--overhead-s",
     default="auto",
     show_default=True,
@@ -123,8 +131,9 @@ SPEC_KEYS = (
 @click.option(
     "--force",
     is_flag=True,
-    help="Write into an --out that is not empty (a previous run's config, state, summary and "
-    "iterations there are replaced; other files are left alone).",
+    help="Start a new run in an --out that holds a previous run (its config, checkpoint, summary "
+    "and iterations are removed once this run holds the directory's lock); an --out holding "
+    "files bdsgd did not write is refused all the same.",
 )
 @options.json_out
 @run_stage

@@ -21,7 +21,7 @@ from bdsgd.stages.console import console, progress
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
 from bdsgd.stages.loop.config import LoopConfig
 from bdsgd.stages.loop.job import LoopJob, run_torchrun_rank
-from bdsgd.stages.loop.local import run_local
+from bdsgd.stages.loop.local import RankDied, run_local
 from bdsgd.stages.loop.rank import load_state
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.store import TraceStore, new_run_id
@@ -39,7 +39,7 @@ def loop_job(cfg, run_id: str, policy: str, out: Path | None, **loop) -> LoopJob
         micro_batches=cfg.micro_batches, salvage=get("salvage", False), lr_scaling=lr_scaling,
         stragglers=cfg.stragglers, time_scale=cfg.time_scale, seed=cfg.seed, run_id=run_id,
         timeout_s=cfg.timeout_s, workload=cfg.workload, target_loss=get("target_loss"),
-        overhead_s=get("overhead_s") or 0.0, explore=get("explore", 0.0),
+        overhead_s=get("overhead_s"), explore=get("explore", 0.0),
         record_every=get("record_batch", 25), **loop,
     )  # fmt: skip
     return LoopJob(
@@ -66,8 +66,6 @@ def check_inputs(cfg) -> tuple[str, ...]:
 
 def check_loop_flags(cfg) -> None:
     """The flags a synchronous run does not take, one line each."""
-    if getattr(cfg, "lr_scaling", "linear") == "adascale":
-        raise ConfigError("--lr-scaling adascale runs with the asynchronous policies only")
     if getattr(cfg, "min_workers", 1) not in (1, cfg.workers):
         raise ConfigError("--min-workers: a synchronous run ends when a rank dies (it resumes "
                           "from its last checkpoint)")  # fmt: skip
@@ -75,46 +73,26 @@ def check_loop_flags(cfg) -> None:
 
 # -- train ----------------------------------------------------------------------------------------
 def train_on_loop(cfg, resume: bool, torchrun) -> dict | None:
-    """``bdsgd train`` of a synchronous policy: this process holds the run directory's lock (rank 0 under
-    torchrun; every other rank only trains)."""
-    from bdsgd.stages.run_lock import RunDirLock
+    """``bdsgd train`` of a synchronous policy: this process holds the run directory (rank 0
+    under torchrun; every other rank only trains)."""
+    from bdsgd.stages.train import RunDir
 
     if torchrun is not None and torchrun.rank > 0:
         return run_torchrun_rank(loop_job(cfg, "worker", cfg.policy, cfg.out))
-    lock = RunDirLock(cfg.out)
-    try:
-        return train_holding_lock(cfg, resume, lock, torchrun)
-    finally:
-        lock.release()
-
-
-def train_holding_lock(cfg, resume: bool, lock, torchrun) -> dict | None:
-    from bdsgd.stages.train import prepare_run_dir
-
-    if resume:
-        lock.acquire()
-    check_loop_flags(cfg)
-    check_world(cfg, torchrun)
-    state = resumable(cfg) if resume else None
-    run_id = state["run_id"] if state else new_run_id("train")
-    check_policy(cfg, cfg.policy)
-    undo = None if resume else prepare_run_dir(dataclasses.replace(cfg, run_id=run_id))
-    if undo:
-        lock.acquire()
-    undo_store = None
-    try:
-        undo_store = TraceStore(cfg.traces).check_writable()
-        job = loop_job(cfg, run_id, cfg.policy, cfg.out)
-        summary = run_job(job, cfg, torchrun, f"train {cfg.policy}")
+    with RunDir(cfg, resume) as run_dir:
+        check_loop_flags(cfg)
+        check_world(cfg, torchrun)
+        state = resumable(cfg) if resume else None
+        run_id = state["run_id"] if state else new_run_id("train")
+        check_policy(cfg, cfg.policy)
+        run_dir.start(run_id)
+        try:
+            job = loop_job(cfg, run_id, cfg.policy, cfg.out)
+            summary = run_job(job, cfg, torchrun, f"train {cfg.policy}")
+        except (BdsgdError, KeyboardInterrupt) as exc:
+            mark_ended(cfg.out, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            raise
         return finish_train(cfg, summary)
-    except (BdsgdError, KeyboardInterrupt) as exc:
-        if undo_store:
-            undo_store()
-        if undo and not (cfg.out / CHECKPOINT).exists():
-            lock.release(remove=True)
-            undo()
-        mark_ended(cfg.out, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
-        raise
 
 
 def mark_ended(out: Path, how: str) -> None:
@@ -214,10 +192,27 @@ def run_job(job: LoopJob, cfg, torchrun, title: str) -> dict | None:
             status = "" if loss != loss else f"loss {loss:.3f}"
             bar.update(task, completed=t, status=status)
 
-        run_local(job, cfg.workers, cfg.start_timeout_s, on_progress)
+        run_restarting(job, cfg, on_progress)
     if job.loop.out is None:
         return {}
     return read_summary(Path(job.loop.out))
+
+
+def run_restarting(job: LoopJob, cfg, on_progress) -> None:
+    """:func:`run_local`, restarted from the last checkpoint when a rank dies (killed, not an
+    error of its own) up to ``max_restarts`` times; the resumed ranks skip the trace rows and
+    log rows already written, so nothing is missing or repeated. A run without a checkpoint
+    yet is not restarted (it would repeat what it wrote)."""
+    restarts = getattr(cfg, "max_restarts", 0)
+    for attempt in range(restarts + 1):
+        try:
+            return run_local(job, cfg.workers, cfg.start_timeout_s, on_progress)
+        except RankDied as exc:
+            out = job.loop.out
+            if attempt == restarts or out is None or not (Path(out) / CHECKPOINT).exists():
+                raise
+            console.print(f"[yellow]{exc}: the job restarts from its last checkpoint "
+                          f"(restart {attempt + 1} of {restarts})[/]")  # fmt: skip
 
 
 def read_summary(out: Path) -> dict:

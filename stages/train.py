@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from bdsgd.schemas.run_dir import iterations_table, write_atomic, write_run_dir
+from bdsgd.schemas.run_dir import iterations_table, write_run_dir
 from bdsgd.stages.capacity import check_capacity
 from bdsgd.stages.console import console, progress
 from bdsgd.stages.engine.base import STATE_VERSION, StopRun
@@ -31,16 +31,17 @@ from bdsgd.stages.engine.launch import (
     run_engine,
     run_torchrun_worker,
 )
-from bdsgd.stages.engine.resume import STATE_FILE, remove_segments, state_path, with_whole_log
+from bdsgd.stages.engine.resume import STATE_FILE, state_path, with_whole_log
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
 from bdsgd.stages.policies.base import Policy, observe_run
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.policies.selfcheck import lean_message, self_check_report
 from bdsgd.stages.profile import check_micro_batches, engine_hosts
-from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
+from bdsgd.stages.run_dir import LOCKED_ENV, holds_run, open_new_run, open_resumed_run
 from bdsgd.stages.safe_load import load_plain
-from bdsgd.stages.smoothing import SmoothedLoss, time_to_loss
+from bdsgd.stages.smoothing import SmoothedLoss
 from bdsgd.stages.store import TraceStore, new_run_id
+from bdsgd.stages.summary import run_summary
 from bdsgd.stages.wire.torchrun import Torchrun
 from bdsgd.stages.workloads import BUILTIN
 
@@ -92,7 +93,10 @@ class TrainConfig:
     """End the run once its wall clock passes this many seconds (after the iteration under way;
     a resumed run counts the seconds it already ran); None: no budget."""
     min_workers: int = 1
-    """Stop with an error when fewer workers than this remain alive."""
+    """Asynchronous policies: stop with an error when fewer workers than this remain alive."""
+    max_restarts: int = 1
+    """Synchronous policies on one machine: times the job restarts from its last checkpoint
+    when a rank dies (0: never)."""
     overhead_s: float | None = None
     """Fixed cost per iteration fed to the policy; None measures it while running."""
     explore: float = 0.0
@@ -128,10 +132,12 @@ class TrainConfig:
             raise ConfigError(
                 f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}"
             )
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if not 1 <= self.min_workers <= self.workers:
             raise ConfigError(f"--min-workers must be in 1..{self.workers}")
         timeouts = (("--timeout", self.timeout_s), ("--start-timeout", self.start_timeout_s))
-        for flag, value in (("--lr", self.lr), *timeouts):
+        for flag, value in (("--lr", self.lr), ("--time-scale", self.time_scale), *timeouts):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
         if self.record_batch < 1 or self.eval_every < 1:
@@ -189,11 +195,7 @@ def run_train(cfg: TrainConfig, resume: bool = False) -> dict | None:
         return train_on_loop(cfg, resume, tr)
     if tr and tr.rank > 0:
         return run_torchrun_worker(cfg.engine_settings("worker"), tr)
-    lock = RunDirLock(cfg.out)  # one run per run directory (a second --resume is refused)
-    try:
-        return train_holding(cfg, resume, lock)
-    finally:
-        lock.release()
+    return train_holding(cfg, resume)
 
 
 ASYNC_KINDS = ("async", "k-async", "adasync")
@@ -204,30 +206,55 @@ def is_asynchronous(policy: str) -> bool:
     return policy.partition(":")[0] in ASYNC_KINDS
 
 
-def train_holding(cfg: TrainConfig, resume: bool, lock: RunDirLock) -> dict:
-    """:func:`run_train` on this machine's engine process, taking ``lock`` before it reads the
-    checkpoint (``resume``) or once it made the run directory."""
-    state = load_state(lock.acquire().path.parent) if resume else None
-    run_id = state["run_id"] if state else new_run_id("train")
-    engine_cfg = cfg.engine_settings(run_id)  # everything is checked before anything is written
-    policy = build_policy(cfg, engine_cfg.hosts)
-    check_asynchronous(engine_cfg, policy)
-    if state:
-        check_resumable(state, cfg, engine_cfg, policy)
-    undo = prepare_run_dir(dataclasses.replace(cfg, run_id=run_id)) if not resume else None
-    if undo:
-        lock.acquire()
-    undo_store = None
-    try:
-        undo_store = TraceStore(cfg.traces).check_writable()
+def train_holding(cfg: TrainConfig, resume: bool) -> dict:
+    """:func:`run_train` of an asynchronous policy on this machine's server process, holding
+    the run directory (:class:`RunDir`) from before it reads the checkpoint to the end."""
+    with RunDir(cfg, resume) as run_dir:
+        state = load_state(cfg.out) if resume else None
+        run_id = state["run_id"] if state else new_run_id("train")
+        engine_cfg = cfg.engine_settings(run_id)  # everything is checked before it is written
+        policy = build_policy(cfg, engine_cfg.hosts)
+        check_asynchronous(engine_cfg, policy)
+        if state:
+            check_resumable(state, cfg, engine_cfg, policy)
+        run_dir.start(run_id)
         return train_in(cfg, engine_cfg, policy, state)
-    except (BdsgdError, KeyboardInterrupt):
-        if undo_store:
-            undo_store()  # (no empty trace store is left; first: it may share a new parent)
-        if undo and not state_path(cfg.out).exists():
-            lock.release(remove=True)
-            undo()  # rejected or interrupted before its first iteration: no run dir is left
-        raise
+
+
+class RunDir:
+    """A train's hold on its run directory, for the run's whole length: the lock, taken before
+    anything there is read (:mod:`bdsgd.stages.run_dir`); a new run's config written once every
+    check passed (:meth:`start`); on a failure or Ctrl-C before the first checkpoint, the run
+    directory and an empty trace store undone, so a refused run leaves nothing."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool) -> None:
+        self.cfg, self.resume = cfg, resume
+        self.lock = self.undo = self.undo_store = None
+
+    def __enter__(self) -> RunDir:
+        if self.resume:
+            if not self.cfg.out.is_dir():
+                raise CheckpointError(f"{self.cfg.out} is not a run directory: nothing to resume")
+            self.lock = open_resumed_run(self.cfg.out)
+        return self
+
+    def start(self, run_id: str) -> None:
+        """A new run's directory (checked, locked, its config written); the trace store checked."""
+        if not self.resume:
+            config = dataclasses.replace(self.cfg, run_id=run_id).to_json()
+            self.lock, self.undo = open_new_run(self.cfg.out, config, self.cfg.force)
+        self.undo_store = TraceStore(self.cfg.traces).check_writable()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        failed = kind is not None and issubclass(kind, (BdsgdError, KeyboardInterrupt))
+        if failed and self.undo_store:
+            self.undo_store()  # (no empty trace store is left; first: it may share a new parent)
+        if failed and self.undo and not holds_run(self.cfg.out):
+            self.lock.release()
+            self.undo()  # rejected or interrupted before its first checkpoint: nothing is left
+        if self.lock is not None:
+            self.lock.release()
+        os.environ.pop(LOCKED_ENV, None)
 
 
 def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: dict | None):
@@ -254,53 +281,6 @@ def train_in(cfg: TrainConfig, engine_cfg: EngineConfig, policy: Policy, state: 
     if result.interrupted:
         raise KeyboardInterrupt
     return summary
-
-
-CHECKPOINT_FILES = (STATE_FILE, "checkpoint.pt")
-"""A run's checkpoint: the parameter server's, or the library's loop's."""
-RUN_FILES = ("summary.json", "iterations.parquet", *CHECKPOINT_FILES)
-"""What a previous run left in a run directory (``--force`` removes them and the iteration-log
-segments under ``log/``, nothing else)."""
-
-
-def prepare_run_dir(cfg: TrainConfig) -> Callable[[], None]:
-    """Create the run directory and write its config; returns what undoes that. ``out`` must be
-    a new path or an empty directory, unless ``force``."""
-    out = cfg.out
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a directory")
-    try:
-        holds = out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())
-    except OSError as exc:  # (unreadable: what it holds cannot be checked)
-        raise ConfigError(f"cannot read the run directory {out}: {exc.strerror or exc}") from None
-    if not cfg.force and holds:
-        if any((out / name).exists() for name in CHECKPOINT_FILES):
-            raise ConfigError(
-                f"--out {out} already holds a run: pass --resume {out}, another --out, or "
-                "--force to start over in it"
-            )
-        raise ConfigError(
-            f"--out {out} is not empty and not a bdsgd run: pass another --out, or --force to "
-            f"write into it ({CONFIG_FILE}, {', '.join(RUN_FILES[:2])} are replaced)"
-        )
-    created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:  # a previous run's (--force): never mixed with this one's
-            (out / name).unlink(missing_ok=True)
-        remove_segments(out)
-        write_atomic(out / CONFIG_FILE, json.dumps(cfg.to_json(), indent=2).encode())
-    except OSError as exc:
-        raise ConfigError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
-
-    def undo() -> None:
-        (out / CONFIG_FILE).unlink(missing_ok=True)
-        for path in created:
-            if any(path.iterdir()):
-                break
-            path.rmdir()
-
-    return undo
 
 
 def build_policy(cfg: TrainConfig, hosts: tuple[str, ...]) -> Policy:
@@ -442,34 +422,14 @@ def summarize(
     :class:`StopRule`'s reason, or ``interrupted``)."""
     log = result.log
     c = np.asarray(log.get("c", []), dtype=float)
-    it = np.asarray(log.get("iteration_s", []), dtype=float)
-    decision = np.asarray(log.get("decision_ms", [0.0]), dtype=float)
-    busy = float(np.sum(log.get("busy_s", [])))
-    worker_seconds = float(np.sum(np.asarray(log.get("workers", []), dtype=float) * it))
-    summary = {
-        "policy": cfg.policy,
-        "iterations": int(c.size),
-        "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
-        "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,
-        "mean_c": float(c.mean()) if c.size else 0.0,
-        "final_loss": result.final_eval_loss,
-        "time_to_loss": time_to_loss(log, cfg.target_loss),
-        "decision_ms_p50": float(np.percentile(decision, 50)),
-        "decision_ms_p99": float(np.percentile(decision, 99)),
-    }
-    summary.update(
-        kind="train",
-        run_id=run_id,
-        traces=str(cfg.traces),
-        target_loss=cfg.target_loss,
+    summary = run_summary(
+        log, policy=cfg.policy, run_id=run_id, traces=str(cfg.traces),
+        target_loss=cfg.target_loss, rows_appended=result.rows_written,
+        final_eval=result.final_eval_loss, world_size=cfg.workers,
         stopped="interrupted" if result.interrupted else stopped,
-        idle_fraction=1.0 - busy / worker_seconds if worker_seconds > 0 else 0.0,
-        mean_staleness=float(np.mean(log.get("staleness") or [0.0])),
-        rows_appended=result.rows_written,
         dead_workers={str(k): v for k, v in result.dead_workers.items()},
-        interrupted=result.interrupted,
-        **result.extras,
-    )
+        interrupted=result.interrupted, **result.extras,
+    )  # fmt: skip
     if result.dead_workers:
         console.print(f"[yellow]workers {sorted(result.dead_workers)} died and were excluded[/]")
     console.print(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bdsgd.stages.errors import ConfigError
 
-LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+LR_SCALINGS = ("auto", "linear", "sqrt", "none", "adascale")
 MAX_ITERATIONS = 1 << 31  # the length of a rank's column of injected delays
 ADAM_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adafactor", "Adagrad", "RMSprop")
 
@@ -38,8 +38,9 @@ class LoopConfig:
     (docs/benchmarks.md, "bdsgd in a user's loop")."""
     lr_scaling: str = "auto"
     """How :meth:`Cutoff.step` scales the optimizer's learning rate by the admitted share f of
-    the nominal samples: ``linear`` (lr * f), ``sqrt`` (lr * sqrt f), ``none``; ``auto`` is
-    ``sqrt`` for Adam-type optimizers and ``linear`` for SGD-type ones."""
+    the nominal samples: ``linear`` (lr * f), ``sqrt`` (lr * sqrt f), ``none``, ``adascale``
+    (lr * gain(c) / gain(N) from the gradient noise scale, :mod:`bdsgd.stages.goodput`);
+    ``auto`` is ``sqrt`` for Adam-type optimizers and ``linear`` for SGD-type ones."""
     stragglers: str = "none"
     """Injected delays (``none``, ``synthetic[:k=v,...]``, ``replay:PATH``), as ``bdsgd train
     --stragglers``: each rank waits out its delay spread over its micro-batches, and a cut ends
@@ -66,11 +67,16 @@ class LoopConfig:
     first reaches it."""
     workload: str = "user"
     """The trace rows' ``workload`` column."""
-    overhead_s: float = 0.0
-    """A fixed cost per iteration the policy adds to the wait (``bdsgd train --overhead-s``)."""
+    overhead_s: float | None = None
+    """A fixed cost per iteration the policy adds to the wait (``bdsgd train --overhead-s``);
+    None measures it while running: the iteration's time beyond its c-th arrival, smoothed."""
     explore: float = 0.0
     """Share of iterations in which a learning policy waits for every rank (uncensored
     observations of the tail)."""
+    broadcast_buffers: bool = True
+    """After every all-reduce every rank's buffers (BatchNorm's running statistics) take rank
+    0's values, as DDP's ``broadcast_buffers``: identical parameters and buffers on every rank
+    after every step. False: each rank keeps its own."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -83,7 +89,9 @@ class LoopConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+        if self.overhead_s is not None and not (
+            math.isfinite(self.overhead_s) and self.overhead_s >= 0
+        ):
             raise ConfigError(f"overhead_s must be a finite number >= 0, got {self.overhead_s}")
         if not 0.0 <= self.explore < 1.0:
             raise ConfigError(f"explore must be in [0, 1), got {self.explore}")

@@ -37,8 +37,8 @@ from bdsgd.stages.loop.relay import own_connection
 from bdsgd.stages.policies.base import observe_run
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
-from bdsgd.stages.smoothing import time_to_loss
 from bdsgd.stages.store import TraceStore, TraceWriter
+from bdsgd.stages.summary import run_summary
 from bdsgd.stages.wire import keys as P
 from bdsgd.stages.wire.janitor import KeyJanitor
 from bdsgd.stages.wire.report import WorkerReport
@@ -71,7 +71,7 @@ class LoopCoordinator:
         self.cfg, self.c10d, self.world = cfg, own_connection(c10d), world
         self.hosts, self.run_id, self.device = list(hosts), run_id, device
         self.policy = make_policy(cfg.policy, world, cfg.checkpoint, self.hosts, seed=cfg.seed,
-                                  overhead_s=cfg.overhead_s, explore=cfg.explore)  # fmt: skip
+                                  overhead_s=cfg.overhead_s or 0.0, explore=cfg.explore)  # fmt: skip
         if self.policy.mode != "sync" or cfg.policy == "oracle":
             raise BdsgdError(f"policy {cfg.policy!r} cannot cut a training loop's iterations")
         self.driver = IterationDriver(self.policy, world)
@@ -87,6 +87,9 @@ class LoopCoordinator:
         self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
         self.rows_added = 0
         self.delay_columns: dict = {}  # rank -> its injected delays (cut ranks' rows)
+        self.noise_now: tuple | None = None  # the last noise scale and per-rank batch
+        self.previous: tuple[float, float] | None = None  # the last iteration's start and cut
+        self.overhead: float | None = None  # the measured fixed cost of an iteration, seconds
         self.replayed = 0  # a resumed run: iterations of its traces fed to the policy
         self.error: BaseException | None = None
         self.abandoned = False  # close() of a broken loop: the iteration watched never ends
@@ -108,6 +111,12 @@ class LoopCoordinator:
 
     def rank_values(self, t: int, **values) -> None:
         self.ranked[t].update(values)
+
+    def noise(self, t: int, value: float | None, batch: float, gain: float | None) -> None:
+        """Iteration t's gradient noise scale: logged with it, and the policy's from the next
+        decision on (the ``:goodput`` policies weigh c by its gain)."""
+        self.ranked[t].update(noise_scale=_float(value), gain=gain)
+        self.noise_now = (value, max(int(round(batch)), 1))
 
     def resumed_at(self, t: int, run_id: str) -> None:
         """A resumed run continues ``run_id`` at iteration t: the log keeps the run directory's
@@ -166,6 +175,9 @@ class LoopCoordinator:
             self.error = exc
 
     def _iteration(self, t: int, began: float) -> None:
+        self._measure_overhead(began)
+        if self.noise_now is not None:
+            self.policy.set_noise_scale(*self.noise_now)
         self.driver.begin(np.ones(self.world, dtype=bool))
         self.standing.begin()
         self._stand(t)  # the rank holding ticket c cuts
@@ -177,10 +189,23 @@ class LoopCoordinator:
         for rep in reports[len(seen) :]:  # (after the cut: admitted, nothing left to revise)
             self.driver.arrive(rep.worker, rep.runtime_s, revise=False)
         outcome = self.driver.end()
+        self.previous = (began, outcome.cut_s)
         self._observed(t, began, outcome, reports)
         # deleted long after, from the janitor's thread: nothing in this loop per rank
         self.janitor.retire([P.ticket_key(t), P.cut_key(t), P.closed_key(t)]
                             + [P.arrival_key(t, k) for k in range(1, admitted + 1)])  # fmt: skip
+
+    def _measure_overhead(self, began: float) -> None:
+        """The fixed cost of an iteration (its time beyond the c-th arrival: the all-reduce,
+        the step, the next batch), smoothed and fed to the policy, unless ``overhead_s`` fixes
+        it."""
+        if self.cfg.overhead_s is not None or self.previous is None:
+            return
+        before, cut_s = self.previous
+        if cut_s > 0:
+            spent = max(began - before - cut_s, 0.0)
+            self.overhead = spent if self.overhead is None else 0.9 * self.overhead + 0.1 * spent
+            self.policy.overhead_s = self.overhead
 
     def _stand(self, t: int) -> bool:
         """Announce the driver's c in iteration t's ticket counter, or move it there after an
@@ -328,6 +353,7 @@ class LoopCoordinator:
             row = dict(policy=self.policy.name, iteration=t, wall_s=nxt - self.t0 + self.wall_offset,
                        iteration_s=nxt - ranked["began"], loss=ranked.get("loss"),
                        eval_loss=ranked.get("eval_loss"), lr=ranked.get("lr"), staleness=0.0,
+                       noise_scale=ranked.get("noise_scale"), gain=ranked.get("gain"),
                        **seen)  # fmt: skip
             for k, v in row.items():
                 self.log.setdefault(k, []).append(v)
@@ -338,7 +364,7 @@ class LoopCoordinator:
     def summary(self) -> dict:
         """SPEC's train JSON plus the slowest ranks (measure-only runs name them)."""
         rows = self.writer.rows_written if self.writer is not None else 0
-        return run_summary(self.log, self.cfg, self.run_id, self.world, rows, self.slow_ranks())
+        return loop_summary(self.log, self.cfg, self.run_id, self.world, rows, self.slow_ranks())
 
     def slow_ranks(self) -> list[dict]:
         return slow_ranks(self.runtimes, self.censored, self.hosts, self.world)
@@ -364,33 +390,13 @@ class LoopCoordinator:
             raise BdsgdError(f"writing traces failed: {first_line(error)}")
 
 
-def run_summary(log: dict, cfg: LoopConfig, run_id: str, world: int, rows: int,
-                slow: list[dict]) -> dict:  # fmt: skip
-    """SPEC's train JSON of an iteration log, plus the trace rows written and the slow ranks."""
-    c = np.asarray(log.get("c", []), dtype=float)
-    it = np.asarray(log.get("iteration_s", []), dtype=float)
-    decision = np.asarray(log.get("decision_ms") or [0.0], dtype=float)
-    losses = [x for x in log.get("loss", []) if x is not None]
-    evals = [x for x in log.get("eval_loss", []) if x is not None]
-    return {
-        "kind": "train",
-        "engine": "loop",
-        "policy": cfg.policy,
-        "run_id": run_id,
-        "traces": str(Path(cfg.traces).resolve()) if cfg.traces else None,
-        "iterations": int(c.size),
-        "wall_s": float(log["wall_s"][-1]) if c.size else 0.0,
-        "throughput": float(c.sum() / it.sum()) if it.sum() > 0 else 0.0,
-        "mean_c": float(c.mean()) if c.size else 0.0,
-        "final_loss": evals[-1] if evals else (float(np.mean(losses[-10:])) if losses else None),
-        "time_to_loss": time_to_loss(log, cfg.target_loss),
-        "target_loss": cfg.target_loss,
-        "decision_ms_p50": float(np.percentile(decision, 50)),
-        "decision_ms_p99": float(np.percentile(decision, 99)),
-        "world_size": world,
-        "rows_appended": rows,
-        "slow_ranks": slow,
-    }
+def loop_summary(log: dict, cfg: LoopConfig, run_id: str, world: int, rows: int,
+                 slow: list[dict]) -> dict:  # fmt: skip
+    """The run's summary (:func:`~bdsgd.stages.summary.run_summary`) with the slow ranks."""
+    traces = str(Path(cfg.traces).resolve()) if cfg.traces else None
+    return run_summary(log, policy=cfg.policy, run_id=run_id, traces=traces,
+                       target_loss=cfg.target_loss, rows_appended=rows, engine="loop",
+                       world_size=world, slow_ranks=slow)  # fmt: skip
 
 
 def slow_ranks(runtimes: list[np.ndarray], censored: list[np.ndarray], hosts: list[str],
@@ -420,7 +426,8 @@ def earlier_log(out: str | None, before: int) -> dict[str, list]:
 
 
 LOG_COLUMNS = ("policy", "iteration", "wall_s", "iteration_s", "loss", "eval_loss", "lr",
-               "staleness", "c", "workers", "decision_ms", *PREDICTED, "peer")  # fmt: skip
+               "staleness", "c", "workers", "decision_ms", *PREDICTED, "peer", "noise_scale",
+               "gain")  # fmt: skip
 
 
 def last_iteration_on_disk(traces: str | None, run_id: str) -> int:

@@ -97,22 +97,34 @@ def watch(procs, store: dist.Store, timeout_s: float, start_timeout_s: float, on
         on_progress(*now)
 
 
+class RankDied(WorkerError):
+    """A rank ended without an error of its own (killed, or its process exited): the job can
+    restart from its last checkpoint."""
+
+
 def raise_if_failed(procs, store: dist.Store) -> None:
-    """:class:`WorkerError` with the first failed rank's line, if a rank exited non-zero."""
+    """:class:`WorkerError` with the first failed rank's line, if a rank exited non-zero
+    (:class:`RankDied` when it said nothing: a kill, not an error of bdsgd's or the
+    workload's)."""
     if failed := [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]:
-        raise WorkerError(failure(store, failed[0], procs[failed[0]].exitcode))
+        line = failure_line(store)
+        if line is not None:
+            raise WorkerError(line)
+        code = procs[failed[0]].exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        raise RankDied(f"rank {failed[0]} {how}")
 
 
-def failure(store: dist.Store, rank: int, code: int) -> str:
-    """The first failed rank's own line, else which rank exited how."""
-    deadline = time.monotonic() + 2.0  # (its line is set before it exits; others may be first)
+def failure_line(store: dist.Store) -> str | None:
+    """The first failed rank's own line, if one is set within a moment (it is set before the
+    rank exits; another rank may have exited first)."""
+    deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):
             if store.check([FAILURE_KEY]):
                 return store.get(FAILURE_KEY).decode()
         time.sleep(0.05)
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"rank {rank} {how}"
+    return None
 
 
 def progress_of(store: dist.Store) -> tuple[int, float] | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError, first_line
+from bdsgd.stages.goodput import NoiseScale
 from bdsgd.stages.ids import new_run_id
 from bdsgd.stages.loop.config import (
     LoopConfig,
@@ -39,12 +40,13 @@ from bdsgd.stages.loop.config import (
 from bdsgd.stages.loop.group_exit import release_default_group
 from bdsgd.stages.loop.relay import NodeCut, wants_relay
 from bdsgd.stages.loop.timing import ComputeTimer
+from bdsgd.stages.run_dir import check_out, clear_run, lock_run_dir
 from bdsgd.stages.safe_load import load_plain, save_atomic
 from bdsgd.stages.wire import keys as P
 from bdsgd.stages.wire.report import WorkerReport
 
-STATS = 5  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned
-# samples, ranks that asked the job to stop
+STATS = 6  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned
+# samples, ranks that asked the job to stop, admitted ranks' squared gradient norms (noise scale)
 CHECKPOINT_VERSION = 1
 
 
@@ -110,11 +112,15 @@ class Cutoff:
             )
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buffers = list(model.buffers()) if cfg.broadcast_buffers else []
+        self.noise = NoiseScale()  # the gradient noise scale, from the all-reduced statistics
+        self.needs_noise = cfg.lr_scaling == "adascale" or "goodput" in cfg.policy
         if not self.params:
             raise ConfigError("the model has no parameters that require a gradient")
         self.device = self.params[0].device
         self.optimizer = optimizer
         self.timer = ComputeTimer(self.device)
+        self.run_dir_lock = self._own_run_dir()
         self.run_id = self._agree(cfg.run_id or new_run_id(source_of(cfg.policy)))
         self.c10d = dist.PrefixStore(f"bdsgd/{self.run_id}/", _default_store())
         self.delays, emulated = _stragglers(cfg, self.world, self.rank)
@@ -125,7 +131,7 @@ class Cutoff:
         self.viewable = [self._fits(p) for p in self.params]  # (the buffer's dtype and device)
         self.t = 0
         self.last: IterationResult | None = None
-        self.rule: str | None = None
+        self.rule: str | None = None if cfg.lr_scaling == "auto" else cfg.lr_scaling
         self.planned_full = 0.0  # a rank's whole batch, samples (accumulate: the last seen)
         self.stop_requested = False
         self.cuts_set = 0  # iterations this rank cut as the holder of their announced ticket c
@@ -139,12 +145,15 @@ class Cutoff:
         self.t0: float | None = None  # the first iteration's start: the run's clock starts there
         self.broken: str | None = None  # an iteration ended in an error: what it was (Iteration)
         self.closed = False
+        self.began = False  # the first iteration began (a previous run's files are gone)
 
     # -- the loop -------------------------------------------------------------------------------
     def iteration(self) -> Iteration:
         """The next iteration: ``with cut.iteration() as it:`` around its micro-batches; the
         gradients are all-reduced over the admitted samples when the block ends."""
         self._usable()
+        if not self.began:
+            self._begin_run()
         return Iteration(self, self.t)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -153,7 +162,11 @@ class Cutoff:
         self._usable()
         if self.rule is None:
             self.rule = lr_rule(self.cfg.lr_scaling, type(optimizer).__name__)
-        factor = lr_factor(self.rule, self.last.share) if self.last is not None else 1.0
+        factor = 1.0
+        if self.last is not None and self.rule == "adascale":
+            factor = self.noise.lr_factor(self.last.share * self.world, self.world)
+        elif self.last is not None:
+            factor = lr_factor(self.rule, self.last.share)
         saved = [group["lr"] for group in optimizer.param_groups]
         try:
             for group in optimizer.param_groups:
@@ -222,6 +235,8 @@ class Cutoff:
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
         self.t = int(state["next_iteration"])
+        self.run_id = state["run_id"]  # every later checkpoint continues the same run
+        self.began = True  # (the run directory's files are this run's)
         if self.coordinator is not None:
             self.coordinator.resumed_at(self.t, state["run_id"])
         return self.t
@@ -243,6 +258,8 @@ class Cutoff:
                       f"cut in {slow['cut_share']:.0%} of iterations", file=sys.stderr)  # fmt: skip
         dist.barrier()
         self.node_cut.close()
+        if self.run_dir_lock is not None:
+            self.run_dir_lock.release()
         release_default_group()  # (else the group outlives destroy_process_group: group_exit)
         return summary
 
@@ -255,6 +272,30 @@ class Cutoff:
         if self.broken is not None:
             raise BdsgdError(f"{self.broken}: this Cutoff cannot continue; restart the job and "
                              "resume from its last checkpoint (cut.resume)")  # fmt: skip
+
+    def _own_run_dir(self):
+        """Rank 0 checks ``out`` (a new path, or a directory of a bdsgd run) and takes its lock
+        before anything there is read or written; every rank raises the same one line when it
+        cannot (a file, someone else's files, another run holding it)."""
+        lock, error = None, None
+        if self.cfg.out is not None and self.rank == 0:
+            try:
+                out = Path(self.cfg.out)
+                check_out(out, "out=")
+                lock = lock_run_dir(out)
+            except ConfigError as exc:
+                error = str(exc)
+        error = self._agree(error)
+        if error is not None:
+            raise ConfigError(error)
+        return lock
+
+    def _begin_run(self) -> None:
+        """A run that did not resume starts afresh: rank 0 removes a previous run's files from
+        ``out`` (it holds the lock) before the first iteration writes any."""
+        self.began = True
+        if self.cfg.out is not None and self.rank == 0:
+            clear_run(Path(self.cfg.out))
 
     def _read_checkpoint(self, target: Path) -> tuple[dict | None, int | str | None]:
         """This rank's checkpoint at ``target`` and what it found there: the next iteration,
@@ -355,6 +396,7 @@ class Cutoff:
                 elif not (p.grad is view or _is_view(p.grad, view)):  # the user's: copied in
                     view.copy_(p.grad)
         samples = it.samples if contributes else 0.0
+        own_sq = mean_sq_norm(flat[:numel], it.samples) if admitted and self.needs_noise else 0.0
         flat[numel:] = torch.tensor(
             [
                 samples,
@@ -362,18 +404,41 @@ class Cutoff:
                 it.loss_mean() * admitted,
                 it.planned(),
                 float(self.stop_requested),
+                own_sq,
             ],  # fmt: skip
             dtype=flat.dtype,
         )
         dist.all_reduce(flat)
+        if self.buffers:  # (DDP's broadcast_buffers: every rank takes rank 0's running stats)
+            broadcast_buffers(self.buffers)
         stats = flat[numel:].tolist()
         total = stats[0]
         if total > 0:
             flat[:numel].div_(total)
+        self._observe_noise(stats, numel)
         self._write_back(flat)
         loss = stats[2] / stats[1] if stats[1] > 0 else None
         return IterationResult(it.t, int(round(stats[1])), total, stats[3], loss, not admitted,
                                stop=stats[4] > 0)  # fmt: skip
+
+    def _observe_noise(self, stats: list[float], numel: int) -> None:
+        """The gradient noise scale from the admitted ranks' squared norms and the averaged
+        gradient's (:class:`~bdsgd.stages.goodput.NoiseScale`): every rank reads the same
+        all-reduced values, so every rank holds the same estimate (AdaScale's learning rate);
+        the coordinator's rank hands it to the policy and the log."""
+        if not self.needs_noise:
+            return
+        batch = stats[3] / self.world
+        mean_sq = float(self.flat[:numel].double().pow(2).sum()) if stats[0] > 0 else 0.0
+        self.noise.update(int(round(stats[1])), max(int(round(batch)), 1), stats[5], mean_sq,
+                          mean_samples=int(round(stats[0])))  # fmt: skip
+        if self.coordinator is not None:
+            self.coordinator.noise(
+                self.t,
+                self.noise.value,
+                batch,
+                self.noise.gain(stats[0] / batch) if batch > 0 else None,
+            )
 
     def _write_back(self, flat: torch.Tensor) -> None:
         """Every ``.grad`` the average: a view of the buffer already is; one the user set gets
@@ -590,6 +655,28 @@ def batch_size(batch) -> int:
 
 
 @torch.no_grad()
+def mean_sq_norm(summed: torch.Tensor, samples: float) -> float:
+    """The squared norm of a rank's mean gradient, from its gradient summed over ``samples``."""
+    if samples <= 0:
+        return 0.0
+    return float(summed.double().pow(2).sum()) / (samples * samples)
+
+
+def broadcast_buffers(buffers: list[torch.Tensor], src: int = 0) -> None:
+    """Every rank's ``buffers`` take rank ``src``'s values: one broadcast per dtype and device,
+    of the buffers flattened together."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for buf in buffers:
+        groups.setdefault((buf.dtype, buf.device), []).append(buf)
+    for group in groups.values():
+        flat = torch.cat([b.detach().reshape(-1) for b in group])
+        dist.broadcast(flat, src=src)
+        offset = 0
+        for buf in group:
+            buf.data.copy_(flat[offset : offset + buf.numel()].view_as(buf))
+            offset += buf.numel()
+
+
 def broadcast_module(model: torch.nn.Module, src: int = 0) -> None:
     """Every parameter and buffer of ``model`` takes rank ``src``'s values (as DDP does)."""
     for tensor in [*model.parameters(), *model.buffers()]:

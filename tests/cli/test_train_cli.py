@@ -40,14 +40,15 @@ SLOW_S, FAST_S = 5.0, 0.005  # a slow worker is always cut: its long delay costs
 
 @pytest.fixture(scope="module")
 def slow_worker_train(tmp_path_factory):
-    """static:3 of 4 workers, worker 2 replayed 1000x slower than the others."""
+    """static:3 of 4 workers, worker 2 replayed 1000x slower than the others; the cut rank
+    contributes nothing (no salvage), so exactly 3 mini-batches are applied."""
     tmp = tmp_path_factory.mktemp("train")
     replay = write_replay_trace(tmp / "replay", [[FAST_S, FAST_S, SLOW_S, FAST_S]])
     done = bdsgd(
         "train", "--workers", "4", "--iterations", "20", "--policy", "static:3",
         "--traces", str(tmp / "traces"), "--out", str(tmp / "run"),
         "--stragglers", f"replay:{replay}", "--batch-size", "16",
-        "--target-loss", "10", "--json",
+        "--target-loss", "10", "--no-salvage", "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return tmp, json.loads(done.stdout.strip().splitlines()[-1])
@@ -127,9 +128,8 @@ def test_an_out_of_other_files_is_refused_untouched(tmp_path):
     done = bdsgd("train", *args, "--traces", str(tmp_path / "t"), "--out", str(tmp_path / "mine"))
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
-        f"error: --out {tmp_path / 'mine'} is not empty and not a bdsgd run: pass another "
-        "--out, or --force to write into it (config.json, summary.json, iterations.parquet are "
-        "replaced)"
+        f"error: --out {tmp_path / 'mine'} holds files bdsgd did not write (config.json): pass "
+        "a new or empty directory"
     ]
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["config.json"]
     assert (tmp_path / "mine" / "config.json").read_text() == "the user's"
@@ -142,7 +142,7 @@ def test_an_unwritable_out_is_one_line_before_any_work(tmp_path):
     done = bdsgd("train", *args, "--traces", str(tmp_path / "t"), "--out", out, timeout=60)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cannot write the run directory")
+    assert len(lines) == 1 and lines[0].startswith("error: cannot make the run directory")
     assert not TraceStore(tmp_path / "t").files()
 
 
@@ -187,17 +187,31 @@ def make(seed=0):
 """
 
 
-@pytest.mark.parametrize("policy", ["full", "async"])
-def test_a_workload_failing_in_the_workers_is_reported_by_each_in_one_line(tmp_path, policy):
-    """The workers' own error (here torch's shape mismatch) reaches the user, one line per
-    worker, before the engine's own one-line error; without it they died silently. (A worker
-    may be stopped by the engine's end before its first micro-batch: at least one reports.)"""
+def run_bad_workload(tmp_path, policy: str):
     (tmp_path / "badwl.py").write_text(BAD_WORKLOAD)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     args = ["--workers", "2", "--iterations", "5", "--policy", policy,
             "--workload", "badwl:make", "--traces", str(tmp_path / "t"),
             "--out", str(tmp_path / "run")]  # fmt: skip
-    done = run_in_session([BDSGD, "train", *args], timeout=120, env=env)
+    return run_in_session([BDSGD, "train", *args], timeout=240, env=env)
+
+
+def test_a_workload_failing_in_the_ranks_ends_the_run_with_its_line(tmp_path):
+    """The rank's own error (here torch's shape mismatch) is the run's one-line error, naming
+    the rank; no run directory is left (it failed before its first checkpoint)."""
+    done = run_bad_workload(tmp_path, "full")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank ") and "Traceback" not in done.stderr, done.stderr
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in last
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_workload_failing_in_the_servers_workers_is_reported_by_each_in_one_line(tmp_path):
+    """The parameter server's workers' own error reaches the user, one line per worker, before
+    the server's own one-line error. (A worker may be stopped by the server's end before its
+    first micro-batch: at least one reports.)"""
+    done = run_bad_workload(tmp_path, "async")
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     workers = [line for line in lines if line.startswith("bdsgd worker ")]

@@ -159,7 +159,6 @@ def config(tmp_path, **values) -> TrainConfig:
 @pytest.mark.parametrize(
     ("values", "flag"),
     [
-        ({"lr_scaling": "adascale"}, "adascale"),
         ({"min_workers": 2, "workers": 3}, "--min-workers"),
     ],
 )
@@ -203,3 +202,40 @@ def test_a_loop_run_stops_early_on_every_rank_together(tmp_path, flags, stopped)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stopped"] == stopped and summary["iterations"] < 200
     assert checkpoint(tmp_path / "run")["next_iteration"] == summary["iterations"]
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_killed_mid_run_restarts_the_job_and_nothing_is_lost_or_doubled(tmp_path):
+    """SIGKILL to one rank once the first checkpoint is written: the job restarts from it
+    (--max-restarts 1, the default) and ends with every iteration once, in the traces and in
+    the iteration log, under one run id."""
+    from tests.cli.test_train_cli import children_of, wait_until
+
+    iterations = 300
+    proc = start("train", "--workers", "2", "--policy", "static:1", "--iterations",
+                 str(iterations), "--stragglers", "synthetic:base_s=0.02", "--batch-size", "8",
+                 "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"))  # fmt: skip
+    try:
+        checkpoint = tmp_path / "run" / "checkpoint.pt"
+        wait_until(lambda: checkpoint.exists() or proc.poll() is not None, 600, "a checkpoint")
+        ranks = [p for p in children_of(proc.pid) if running(p) and "spawn_main" in cmdline(p)]
+        assert ranks and proc.poll() is None, stderr_of(proc)
+        os.kill(ranks[-1], signal.SIGKILL)
+        rc, _, err = finish(proc)
+    finally:
+        kill_session(proc)
+    assert rc == 0, err
+    assert "the job restarts from its last checkpoint (restart 1 of 1)" in err
+    rows = TraceStore(tmp_path / "traces").read()
+    assert rows["run_id"].n_unique() == 1
+    cells = sorted(zip(rows["iteration"], rows["worker"], strict=True))
+    assert cells == [(t, w) for t in range(iterations) for w in (0, 1)]
+    log = pl.read_parquet(tmp_path / "run" / "iterations.parquet")
+    assert log["iteration"].to_list() == list(range(iterations))
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

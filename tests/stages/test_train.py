@@ -18,10 +18,11 @@ from bdsgd.stages.train import (
     build_policy,
     check_resumable,
     load_state,
-    prepare_run_dir,
     replay_async_history,
     resume_config,
 )
+
+from tests.stages.test_train_run_dir import prepare_run_dir
 
 
 def test_time_to_loss_smooths_before_comparing():

@@ -1,5 +1,5 @@
-"""The train stage's run directory: what ``--out`` may be, ``--force``, the undo of a rejected
-run, and what ``--resume`` trusts of a run directory (not its workload's code)."""
+"""The train stage's run directory: what ``--out`` may be, ``--force``, the lock, the undo of a
+rejected run, and what ``--resume`` trusts of a run directory (not its workload's code)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import json
 
 import pytest
 from bdsgd.schemas.run_dir import check_output_dir
-from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.errors import ConfigError
-from bdsgd.stages.train import CONFIG_FILE, RUN_FILES, TrainConfig, prepare_run_dir, resume_config
+from bdsgd.stages.run_dir import CONFIG_FILE, RUN_FILES, open_new_run
+from bdsgd.stages.run_lock import LOCK_FILE, RunDirLock
+from bdsgd.stages.train import TrainConfig, resume_config
 
 
 def config(tmp_path, **overrides) -> TrainConfig:
@@ -17,6 +18,17 @@ def config(tmp_path, **overrides) -> TrainConfig:
         workers=2, iterations=4, policy="static:1", traces=tmp_path / "t", out=tmp_path / "o"
     )
     return TrainConfig(**{**values, **overrides})
+
+
+def prepare_run_dir(cfg: TrainConfig):
+    """A new run in ``cfg.out``: its config written, the lock taken; returns the undo."""
+    lock, undo = open_new_run(cfg.out, cfg.to_json(), cfg.force)
+    lock.release()
+    return undo
+
+
+def snapshot(path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
 
 
 def test_a_new_path_is_created_and_undone_level_by_level(tmp_path):
@@ -37,49 +49,71 @@ def test_an_empty_directory_is_used_and_kept_on_undo(tmp_path):
 
 
 def test_a_directory_of_other_files_is_refused_and_left_alone(tmp_path):
+    """Files bdsgd did not write are never overwritten, --force or not (a summary.json that
+    is not a run's is someone else's)."""
     cfg = config(tmp_path)
     cfg.out.mkdir()
-    (cfg.out / CONFIG_FILE).write_text("the user's own config")
+    (cfg.out / "notes.txt").write_text("the user's own notes")
     (cfg.out / "summary.json").write_text("{}")
-    with pytest.raises(ConfigError, match="not empty and not a bdsgd run: .*--force"):
-        prepare_run_dir(cfg)
-    assert (cfg.out / CONFIG_FILE).read_text() == "the user's own config"
-    assert (cfg.out / "summary.json").read_text() == "{}"
+    for force in (False, True):
+        with pytest.raises(ConfigError, match="did not write \\(notes.txt, summary.json\\)"):
+            prepare_run_dir(config(tmp_path, force=force))
+    assert snapshot(cfg.out) == {"notes.txt": b"the user's own notes", "summary.json": b"{}"}
 
 
-@pytest.mark.parametrize("state", [STATE_FILE, "checkpoint.pt"])
+@pytest.mark.parametrize("state", ["engine_state.pt", "checkpoint.pt"])
 def test_a_directory_holding_a_run_points_to_resume(tmp_path, state):
-    """A run directory's resume state, under its name or the earlier one."""
     cfg = config(tmp_path)
     cfg.out.mkdir()
     (cfg.out / state).write_bytes(b"state")
     with pytest.raises(ConfigError, match=f"already holds a run: pass --resume {cfg.out}"):
         prepare_run_dir(cfg)
-    assert (cfg.out / state).read_bytes() == b"state"
+    assert snapshot(cfg.out) == {state: b"state"}  # (not even a lock file)
 
 
-def test_force_replaces_a_previous_runs_files_and_nothing_else(tmp_path):
+def test_force_replaces_a_previous_runs_files(tmp_path):
     cfg = config(tmp_path, force=True)
     cfg.out.mkdir()
-    for name in (*RUN_FILES, CONFIG_FILE, "notes.txt"):
+    for name in RUN_FILES:
         (cfg.out / name).write_text("old")
+    (cfg.out / "summary.json").write_text(json.dumps({"kind": "train", "run_id": "old"}))
+    (cfg.out / CONFIG_FILE).write_text(json.dumps(config(tmp_path).to_json()))
+    (cfg.out / "log").mkdir()
+    (cfg.out / "log" / "rows-000000.pt").write_text("old")
     prepare_run_dir(cfg)
-    assert sorted(p.name for p in cfg.out.iterdir()) == [CONFIG_FILE, "notes.txt"]
+    assert sorted(p.name for p in cfg.out.iterdir()) == [CONFIG_FILE, LOCK_FILE]
     assert json.loads((cfg.out / CONFIG_FILE).read_text())["force"] is True
-    assert (cfg.out / "notes.txt").read_text() == "old"
+
+
+def test_a_refused_force_beside_a_live_run_changes_no_byte(tmp_path):
+    """Another run holds the lock: --force is refused as 'in use' and the directory, config
+    included, is exactly as it was."""
+    cfg = config(tmp_path)
+    prepare_run_dir(cfg)
+    (cfg.out / "checkpoint.pt").write_bytes(b"live")
+    live = RunDirLock(cfg.out).acquire()
+    try:
+        before = snapshot(cfg.out)
+        other = config(tmp_path, force=True, workers=3, policy="full")
+        with pytest.raises(ConfigError, match="is in use by another run"):
+            prepare_run_dir(other)
+        assert snapshot(cfg.out) == before
+    finally:
+        live.release()
 
 
 def test_an_out_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "o").write_text("x")
-    with pytest.raises(ConfigError, match="is a file, not a directory"):
+    with pytest.raises(ConfigError, match="is a file, not a run directory"):
         prepare_run_dir(config(tmp_path))
+    assert (tmp_path / "o").read_text() == "x"
 
 
 def test_an_unwritable_out_is_one_error(tmp_path):
     """A path under a file cannot be created, whoever runs the test (root included)."""
     (tmp_path / "file").write_text("x")
     cfg = config(tmp_path, out=tmp_path / "file" / "run")
-    with pytest.raises(ConfigError, match="cannot write the run directory"):
+    with pytest.raises(ConfigError, match="is a file, not a run directory|cannot make"):
         prepare_run_dir(cfg)
 
 

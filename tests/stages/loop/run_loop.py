@@ -31,6 +31,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--salvage", action="store_true")
     ap.add_argument("--cut-relay", action="store_true", help="relay the cut through a local store")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--batchnorm", action="store_true", help="a BatchNorm layer in the model")
+    ap.add_argument("--no-broadcast-buffers", action="store_true")
     ap.add_argument("--single", action="store_true", help="one process, no bdsgd: the reference")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--backend", default="gloo")
@@ -43,9 +45,12 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def setup(seed: int = 0, device: str = "cpu"):
+def setup(seed: int = 0, device: str = "cpu", batchnorm: bool = False):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    norm = [torch.nn.BatchNorm1d(32)] if batchnorm else []
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 32), *norm, torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
@@ -93,8 +98,9 @@ def distributed(args) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = open_store("127.0.0.1", int(os.environ["MASTER_PORT"]), rank == 0, 120)
     dist.init_process_group(args.backend, store=store, rank=rank, world_size=world)
-    model, opt, sched = setup(device=args.device)
+    model, opt, sched = setup(device=args.device, batchnorm=args.batchnorm)
     cut = bdsgd.Cutoff(model, policy=args.policy, micro_batches=args.micro_batches,
+                       broadcast_buffers=not args.no_broadcast_buffers,
                        salvage=args.salvage, stragglers=args.stragglers, out=args.out,
                        cut_relay=True if args.cut_relay else None,
                        traces=args.traces, timeout_s=120)  # fmt: skip
@@ -159,6 +165,7 @@ def gloo_threads() -> int | None:
 
 def write(result: str, rank: int, model, seen: dict) -> None:
     seen["params"] = [p.detach().cpu().double().reshape(-1).tolist() for p in model.parameters()]
+    seen["buffers"] = [b.detach().cpu().double().reshape(-1).tolist() for b in model.buffers()]
     os.makedirs(result, exist_ok=True)
     with open(os.path.join(result, f"rank{rank}.json"), "w") as fh:
         json.dump(seen, fh)

@@ -97,7 +97,8 @@ def test_a_ticket_taken_before_the_close_is_admitted_and_traced(coordinator, tmp
     coord.rank_values(0, end=time.perf_counter(), loss=0.5)
     assert coord.close(1)["mean_c"] == 3.0
     rows = TraceStore(tmp_path / "traces").read()
-    assert not any(rows["censored"].to_list()) and rows["cutoff"].to_list() == [None] * 3
+    # every rank admitted, but the c the policy used is 2: the rows say so (null: awaited all)
+    assert not any(rows["censored"].to_list()) and rows["cutoff"].to_list() == [2] * 3
 
 
 def test_the_rank_holding_ticket_c_of_a_fixed_iteration_cuts_it(coordinator, tmp_path):

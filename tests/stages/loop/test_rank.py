@@ -162,6 +162,22 @@ def test_resumed_mid_run_reaches_the_state_of_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_a_batchnorm_model_ends_with_the_same_state_on_every_rank(tmp_path, broadcast):
+    """Each rank normalises its own batches; with broadcast_buffers (the default, as DDP's)
+    every rank's parameters and running statistics are identical after training, without it
+    the running statistics part."""
+    flags = [] if broadcast else ["--no-broadcast-buffers"]
+    ranks_ok(run_ranks(2, "--steps", "4", "--batchnorm", *flags, "--policy", "static:1",
+                       "--result", str(tmp_path / "r")))  # fmt: skip
+    a, b = load(tmp_path / "r", 0), load(tmp_path / "r", 1)
+    assert a["params"] == b["params"]
+    assert len(a["buffers"]) == 3  # running mean, running var, batches tracked
+    assert (a["buffers"] == b["buffers"]) is broadcast
+
+
+@pytest.mark.slow
 def test_a_bad_policy_is_one_error_on_every_rank(tmp_path):
     results = run_ranks(2, "--policy", "nonsense", "--result", str(tmp_path / "r"))
     for rc, out in results:

@@ -1,4 +1,4 @@
-"""One policy driver for the simulator and the engines: the same arrivals give the same c and the
+"""One policy driver for the simulator and the training loop: the same arrivals give the same c and the
 same censoring, whichever drives them."""
 
 from __future__ import annotations
@@ -6,9 +6,6 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from bdsgd.stages.engine.admission import TicketAdmission
-from bdsgd.stages.engine.config import EngineConfig
-from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
@@ -16,6 +13,7 @@ from bdsgd.stages.simulate import drive
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.stragglers import SyntheticCluster
 
+from tests.cli.test_profile_cli import bdsgd
 from tests.stages.engine import write_replay_trace
 
 
@@ -102,34 +100,15 @@ def test_a_batch_that_the_revision_waits_past_does_not_end_the_iteration():
     assert policy.asked == [0.2] and driver.next_tick == pytest.approx(0.25)
 
 
-def late_admissions(monkeypatch) -> dict[int, int]:
-    """Per iteration, how many workers the engine admitted as it closed the iteration, after
-    the policy had ended it: each finished before the cut but took its ticket after the engine
-    last looked (how long that takes depends on the machine's load: CI saw 1 ms, a loaded
-    2-core machine tens). The simulator, which knows every run-time, takes such an arrival
-    before the cut and may decide otherwise; the policies' states part there."""
-    late: dict[int, int] = {}
-    close = TicketAdmission.close
-
-    def counted(self, t, reports, ticket):
-        before = len(reports)
-        close(self, t, reports, ticket)
-        late[t] = len(reports) - before
-
-    monkeypatch.setattr(TicketAdmission, "close", counted)
-    return late
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ["collective", "ps"])
-def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(
-    tmp_path, engine, monkeypatch
-):
-    """Fit a tiny model, train 4 real workers with online bdsgd on a replayed cluster, then feed
-    the arrivals the engine recorded (in its ticket order) through the simulator's driver with
-    the same policy: same c and same censoring (values included) every iteration, up to the
-    first one where a worker's ticket raced the cut (:func:`late_admissions`), which no replay
-    can reproduce."""
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_simulator_and_the_training_loop_agree_on_recorded_arrivals_with_online_bdsgd(tmp_path):
+    """Fit a tiny model, train 4 real ranks (``bdsgd train``: the library's loop) with online
+    bdsgd on a replayed cluster whose ranks finish at least 90 ms apart, then feed the
+    arrivals the run recorded (in run-time order) through the simulator's driver with the same
+    policy: same c and same censoring every iteration, up to the first one where a rank's
+    ticket raced the close and was admitted past the policy's c, which no replay can
+    reproduce (the policies' states part there)."""
     cluster = SyntheticCluster(base_s=0.05, hosts=2, p_slow=0.05, seed=3)
     profile = write_replay_trace(tmp_path / "profile", cluster.delays(120, 4).tolist())
     ckpt = tmp_path / "m.pt"
@@ -137,36 +116,30 @@ def test_simulator_and_engine_agree_on_recorded_arrivals_with_online_bdsgd(
                       eval_samples=16, progress=False))  # fmt: skip
     gaps = [[0.01, 0.12, 0.3, 0.6], [0.3, 0.01, 0.6, 0.12], [0.12, 0.6, 0.01, 0.3]] * 4
     replay = write_replay_trace(tmp_path / "replay", gaps)
-    cfg = EngineConfig(workers=4, iterations=12, run_id="agree", source="train", engine=engine,
-                       stragglers=f"replay:{replay}", batch_size=8, micro_batches=2,
-                       overhead_s=0.0, hosts=("h0", "h1", "h0", "h1"), timeout_s=30.0)  # fmt: skip
-
-    def policy():
-        return make_policy("bdsgd", 4, ckpt, list(cfg.hosts), seed=5, overhead_s=0.0)
-
-    late = late_admissions(monkeypatch)
-    result = run_engine(cfg, policy(), tmp_path / "traces", lambda t, r: None)
+    iterations = len(gaps)
+    done = bdsgd("train", "--workers", "4", "--iterations", str(iterations), "--policy", "bdsgd",
+                 "--checkpoint", str(ckpt), "--stragglers", f"replay:{replay}", "--seed", "5",
+                 "--overhead-s", "0", "--batch-size", "8", "--micro-batches", "2",
+                 "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
+                 timeout=540)  # fmt: skip
+    assert done.returncode == 0, done.stderr
     rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
-    replayed = policy()
+    hosts = rows.filter(pl.col("iteration") == 0)["host"].to_list()
+    replayed = make_policy("bdsgd", 4, ckpt, hosts, seed=5, overhead_s=0.0)
     driver = IterationDriver(replayed, 4)
     cs = []
-    for t in range(cfg.iterations):
-        if late.get(t):
-            break
+    for t in range(iterations):
         it = rows.filter(pl.col("iteration") == t)
         censored = it["censored"].to_numpy()
-        runtimes = np.where(censored, np.inf, it["runtime_s"].to_numpy())
-        order = [*result.log["order"][t], *np.flatnonzero(censored)]  # the cut ones come later
-        replayed.overhead_s = 0.0
-        out = drive(driver, np.ones(4, dtype=bool), runtimes, order=np.array(order))
-        assert out.order == tuple(result.log["order"][t]), t
-        assert out.c == result.log["c"][t]
-        assert out.censored.tolist() == censored.tolist()
         recorded = it["runtime_s"].to_numpy()
-        assert np.array_equal(out.runtimes[~censored], recorded[~censored])
-        # censored at the cut: an arrival's run-time, or a tick, which the engine asks at the
-        # tick's own time as the simulator does (so no earlier than the simulator)
-        assert np.all(recorded[censored] >= out.runtimes[censored]), t
+        runtimes = np.where(censored, np.inf, recorded)
+        out = drive(driver, np.ones(4, dtype=bool), runtimes)
+        if out.c < int((~censored).sum()):
+            break  # a ticket raced the close: admitted past the policy's c
+        assert out.c == int((~censored).sum()), t
+        assert out.censored.tolist() == censored.tolist(), t
+        assert np.array_equal(out.runtimes[~censored], recorded[~censored]), t
+        assert np.all(recorded[censored] >= out.runtimes[censored] - 1e-9), t
         cs.append(out.c)
-    assert len(cs) == cfg.iterations or late  # every iteration compared, unless one raced
-    assert not cs or len(set(cs)) > 1 or cs[0] < 4  # bdsgd did cut: not all-full
+    assert cs, "no iteration could be compared"
+    assert len(cs) < iterations or len(set(cs)) > 1 or cs[0] < 4  # bdsgd did cut: not all-full
