@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 
+from bdsgd.stages.console import console
 from bdsgd.stages.errors import CheckpointError, ConfigError
 from bdsgd.stages.policies.asynchronous import AdaSync, KAsync, KBatchSync
 from bdsgd.stages.policies.base import Policy
@@ -104,9 +105,13 @@ def _build(
     if kind == "adasync":
         return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
     if kind == "bdsgd":
-        predictor = _load_predictor(checkpoint, num_workers, hosts, seed)
+        predictor, unusable = _load_predictor(checkpoint, num_workers, hosts, seed)
         num_samples = decision_samples(num_samples, num_workers)
         own = BdsgdCutoff(predictor, num_samples=num_samples, **mc)
+        if unusable is not None:
+            policy = with_self_check(own, num_workers, seed, num_samples, mc, trusted=False)
+            console.print(fallback_message(spec, checkpoint, unusable, policy))
+            return policy
         if not checked:
             own.name += f":{UNCHECKED}"
             return own
@@ -129,15 +134,28 @@ def decision_samples(num_samples: int, num_workers: int) -> int:
     return min(num_samples, max(64, 16384 // num_workers))
 
 
-def with_self_check(own, num_workers: int, seed: int, num_samples: int, mc: dict) -> Policy:
+def with_self_check(
+    own, num_workers: int, seed: int, num_samples: int, mc: dict, trusted: bool = True
+) -> SelfChecking:
     """``own`` (bdsgd) watched by its simple peers, ``ewma`` and ``ecdf`` with the same objective
-    and goodput setting and a fixed c (``bdsgd.stages.policies.selfcheck``)."""
+    and goodput setting and a fixed c (``bdsgd.stages.policies.selfcheck``). ``trusted`` False
+    (a checkpoint marked unusable): the peers decide from the first iteration, never the model."""
     peer = {**mc, "stopping": "fixed"}
     peers = [
         EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **peer),
         EcdfCutoff(num_samples=num_samples, seed=seed, **peer),
     ]
-    return SelfChecking(own, peers, min_scored=record_needed(num_workers))
+    return SelfChecking(own, peers, min_scored=record_needed(num_workers), trusted=trusted)
+
+
+def fallback_message(spec: str, checkpoint, reason: str, policy: SelfChecking) -> str:
+    """The one line a ``bdsgd`` policy built from an unusable checkpoint prints."""
+    peers = ", ".join(e.name for e in policy.experts[1:])
+    why = f" ({reason})" if reason else ""
+    return (
+        f"[yellow]{spec}: {checkpoint} is marked unusable{why}; playing its simple peers "
+        f"({peers}) from the first iteration[/]"
+    )
 
 
 def _adasync_period(num_workers: int, iterations: int | None) -> int:
@@ -157,7 +175,20 @@ def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None, seed:
 
     ckpt = load_checkpoint(checkpoint)
     check_same_cluster(ckpt.vocab.host_names, hosts, checkpoint)
-    return predictor_from(ckpt, workers=list(range(num_workers)), hosts=hosts, seed=seed)
+    predictor = predictor_from(ckpt, workers=list(range(num_workers)), hosts=hosts, seed=seed)
+    return predictor, unusable_reason(ckpt)
+
+
+def unusable_reason(ckpt) -> str | None:
+    """Why ``fit`` marked the checkpoint unusable (``usable`` False in its summary, the first
+    line of ``unusable_reason``; "" without one); None for a usable checkpoint or one without
+    the mark."""
+    summary = getattr(ckpt, "summary", None)
+    summary = summary if isinstance(summary, dict) else {}
+    if bool(summary.get("usable", True)):
+        return None
+    reason = str(summary.get("unusable_reason") or "").strip()
+    return reason.splitlines()[0] if reason else ""
 
 
 def check_same_cluster(known: tuple[str, ...], hosts: list[str] | None, checkpoint) -> None:

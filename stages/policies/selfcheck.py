@@ -31,7 +31,12 @@ score every expert, so a cluster where the model loses is recognised before the 
 A record counts once it holds ``min_scored`` iterations: enough for about ``RECORD_RUNTIMES``
 run-times (:func:`record_needed`: 20 iterations at N = 32, 3 at N = 256), since what makes a
 comparison of rates trustworthy is how many arrivals it saw. So on a 30-iteration run of 256
-workers the check can lean from its fourth decision.
+workers the check can lean from its fourth decision. On a cluster of at most 16 workers it is
+``SMALL_RECORD`` (8) iterations: there a wrong c costs a large share of every iteration.
+
+A policy built from a checkpoint that ``fit`` marked unusable (``trusted`` False) never lets the
+model decide, nor runs it: it plays the first peer from the first iteration and then the best
+peer by the same scores.
 
 It does not wait for a record when the run's **first iteration lies far outside the model's
 predictive** (:func:`far_outside`: its level, the median log run-time, more than
@@ -53,16 +58,22 @@ import numpy as np
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.cutoff import MonteCarloCutoff, sorted_samples
 from bdsgd.stages.policies.driver import IterationDriver
+from bdsgd.stages.policies.floor import SMALL_N
 
 IMPUTED_WEIGHT = 0.25  # an imputed shadow outcome moves a score a quarter as much as an exact one
 RECORD_RUNTIMES = 640  # run-times a record holds before it may decide (20 iterations at N = 32)
 MIN_RECORD = 3  # ... and never fewer iterations than this
+SMALL_RECORD = 8  # iterations a record needs on a cluster of at most SMALL_N workers
 SURPRISE_Z = 4.0  # a first iteration whose level lies further out (in sds) leans at once
 
 
 def record_needed(num_workers: int) -> int:
     """Iterations an expert's record needs before it may decide: about ``RECORD_RUNTIMES``
-    run-times, at least ``MIN_RECORD`` iterations."""
+    run-times, at least ``MIN_RECORD`` iterations; on a cluster of at most ``SMALL_N`` workers
+    ``SMALL_RECORD`` iterations (there one gradient is a large share of an iteration, a wrong
+    c shows in every iteration's length, and a job of a few hundred steps cannot wait 160)."""
+    if num_workers <= SMALL_N:
+        return SMALL_RECORD
     return max(MIN_RECORD, math.ceil(RECORD_RUNTIMES / max(num_workers, 1)))
 
 
@@ -111,15 +122,17 @@ class SelfChecking(Policy):
         alpha: float = 0.01,
         margin: float = 0.01,
         min_scored: int = 20,
+        trusted: bool = True,
     ) -> None:
         self.own = own
+        self.trusted = trusted or not peers  # False: the peers decide, never own
         self.experts: list[MonteCarloCutoff] = [own, *peers]
         self.scores = [ShadowScore(alpha) for _ in self.experts]
         self.margin = margin
         self.min_scored = min_scored
         self.name = own.name
         self.online = own.online
-        self.leader = 0  # index into experts: 0 is the model
+        self.leader = 0 if self.trusted else 1  # index into experts: 0 is the model
         self._played: int | None = None  # the expert deciding the iteration under way
         self._shown = 0  # the expert describe() reports on: the one that decided the last
         self._chosen = 0
@@ -173,7 +186,9 @@ class SelfChecking(Policy):
         played = self._played
         outcomes = []
         for i, expert in enumerate(self.experts):
-            if i == played:
+            if i == 0 and not self.trusted:
+                outcomes.append((0, 0.0, False))  # the model is neither run nor scored
+            elif i == played:
                 seconds = float(runtimes[arrived].max(initial=0.0)) + expert.overhead_s
                 outcomes.append((int(arrived.sum()), seconds, True))
             else:
@@ -181,6 +196,8 @@ class SelfChecking(Policy):
                 outcomes.append(shadow_outcome(expert, live, runtimes, arrived, referee))
         for i, expert in enumerate(self.experts):
             gradients, seconds, exact = outcomes[i]
+            if i == 0 and not self.trusted:
+                continue
             if i == played:
                 expert.observe(runtimes, censored)
             else:
@@ -190,13 +207,22 @@ class SelfChecking(Policy):
             self.scores[i].update(value, seconds, 1.0 if exact else IMPUTED_WEIGHT)
         self._shown = played if played is not None else self.leader
         self._played, self._live = None, None
-        if self.observed == 0:
+        if self.observed == 0 and self.trusted:
             self.surprise = far_outside(self.own._ordered, runtimes, live)
         self.observed += 1
-        if self.surprise is not None and abs(self.surprise) > SURPRISE_Z and self.observed == 1:
+        if not self.trusted:
+            self.leader = self.best_peer()
+        elif self.surprise is not None and abs(self.surprise) > SURPRISE_Z and self.observed == 1:
             self.leader = self.surprised()
         else:
             self.leader = self.next_leader()
+
+    def best_peer(self) -> int:
+        """The peer followed while the model may not decide: the one followed so far unless
+        another's rate leads it by more than ``margin``."""
+        rates = [s.rate() for s in self.scores]
+        best = 1 + int(np.argmax(rates[1:]))
+        return best if rates[best] > rates[self.leader] * (1 + self.margin) else self.leader
 
     def surprised(self) -> int:
         """The first iteration lay far outside the model's predictive: lean on the best peer so
@@ -238,6 +264,7 @@ class SelfChecking(Policy):
             "first_leaned": self.first_leaned,
             "leaned_to": dict(self.leaned_to),
             "first_iteration_z": None if self.surprise is None else round(self.surprise, 2),
+            "model_usable": self.trusted,
             "rates": {
                 e.name: round(s.rate(), 6) for e, s in zip(self.experts, self.scores, strict=True)
             },
@@ -254,9 +281,10 @@ def shadow_outcome(
     """Gradients and seconds (with the fixed cost) of the iteration had ``expert`` decided it,
     on its actual arrivals (``arrived`` with their ``runtimes``; the rest cut off at the
     largest arrival), driven through the same :class:`IterationDriver` as a played iteration
-    (an online expert revises at every arrival); and whether that is exact (its stop is among
-    the arrivals) or imputed, by the ``referee``'s conditional (default: the expert's own); see
-    the module docstring."""
+    (an online expert revises at every arrival and at the ticks between them, and may stop at
+    one); and whether that is exact (its stop is among the arrivals or the ticks before the
+    last) or imputed, by the ``referee``'s conditional (default: the expert's own); see the
+    module docstring."""
     driver = IterationDriver(expert, runtimes.size)
     target = driver.begin(live)
     order = np.flatnonzero(arrived)[np.argsort(runtimes[arrived], kind="stable")]
@@ -264,6 +292,8 @@ def shadow_outcome(
     if not expert.online and target <= order.size:  # a fixed c among the arrivals: no replay
         return target, float(runtimes[order[target - 1]]) + o, True
     for w in order if expert.online else ():
+        if driver.wait_until(float(runtimes[w])):  # cut at a tick before this arrival
+            return len(driver.order), driver.cut_at + o, True
         if driver.arrive(int(w), float(runtimes[w])):
             return len(driver.order), float(runtimes[w]) + o, True
     target = min(driver.target, int(live.sum()))  # beyond the arrivals: it would have waited

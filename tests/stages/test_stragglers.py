@@ -209,3 +209,74 @@ def test_a_long_synthetic_run_keeps_host_mates_slow_together():
 def test_synthetic_parameters_must_be_finite(value):
     with pytest.raises(ConfigError, match="base_s must be finite"):
         parse_stragglers(f"synthetic:base_s={value}")
+
+
+# -- job: a user's job ---------------------------------------------------------------------------
+def test_job_presets_describe_the_users_job_and_its_siblings():
+    from bdsgd.stages.stragglers import JOB_PRESETS, JobCluster
+
+    job = parse_stragglers("job", seed=3).inner
+    assert isinstance(job, JobCluster) and job == parse_stragglers("job:slow_rank", seed=3).inner
+    assert (job.device_s, job.micro_batches, job.slow_ranks, job.slow_factor) == (0.04, 4, 1, 2.5)
+    assert (job.spell_s, job.spell_p, job.host_spells, job.seed) == (0.6, 0.08, False, 3)
+    assert parse_stragglers("job:two_slow").inner.slow_ranks == 2
+    host = parse_stragglers("job:host_spells").inner
+    assert host.host_spells and host.hosts == 2
+    assert parse_stragglers("job:late_slowdown").inner.slow_from == 100
+    assert set(JOB_PRESETS) == {"slow_rank", "two_slow", "host_spells", "late_slowdown"}
+    tuned = parse_stragglers("job:two_slow:spell_p=0.2,host_spells=1,hosts=2").inner
+    assert (tuned.slow_ranks, tuned.spell_p, tuned.host_spells, tuned.hosts) == (2, 0.2, True, 2)
+    assert parse_stragglers("job:sigma=0").inner.sigma == 0.0  # no preset: slow_rank's
+
+
+def test_job_delays_have_the_jobs_character():
+    delays = parse_stragglers("job", seed=0).delays(4000, 4)
+    healthy = np.median(delays[:, 1:])
+    assert healthy == pytest.approx(0.16, rel=0.02)  # 4 micro-batches of 0.04 s
+    assert np.median(delays[:, 0]) == pytest.approx(2.5 * 0.16, rel=0.03)
+    spells = delays[:, 1:] > 0.16 + 0.5
+    assert spells.mean() == pytest.approx(0.08, abs=0.01)
+    # rank spells are independent: two ranks together about 0.08^2 of the time
+    assert (spells[:, 0] & spells[:, 1]).mean() < 0.02
+
+
+def test_job_host_spells_hit_every_rank_of_the_host_together():
+    delays = parse_stragglers("job:host_spells", seed=1).delays(2000, 4)
+    spells = delays > 0.6
+    assert np.array_equal(spells[:, 1], spells[:, 3])  # host1: ranks 1 and 3
+    assert not np.array_equal(spells[:, 0], spells[:, 1])
+    assert spells[:, 1].mean() == pytest.approx(0.08, abs=0.02)
+
+
+def test_job_slowdown_starts_at_its_iteration():
+    delays = parse_stragglers("job:late_slowdown:spell_p=0", seed=2).delays(200, 4)
+    assert np.all(delays[:100, 0] < 0.25) and np.all(delays[100:, 0] > 0.3)
+    assert np.all(delays[:, 1:] < 0.25)
+
+
+def test_job_columns_are_the_delays_whatever_the_run_length():
+    model = parse_stragglers("job:host_spells", seed=4, time_scale=0.5)
+    short, long = model.delays(50, 4), model.delays(BLOCK + 10, 4)
+    assert np.array_equal(short, long[:50])
+    column = model.column(1 << 31, 4, 2)  # a training loop's column: drawn as it is read
+    assert [column[t] for t in (0, 49, BLOCK + 5)] == pytest.approx(
+        [long[0, 2], long[49, 2], long[BLOCK + 5, 2]]
+    )
+    assert model.host_of(4) == ["host0", "host1", "host0", "host1"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("job:fast", "unknown job preset 'fast'"),
+        ("job:slow_rank:nope=1", "bad job straggler parameter 'nope=1'"),
+        ("job:spell_p=2", r"spell_p in \[0, 1\]"),
+        ("job:slow_factor=0.5", "slow_factor >= 1"),
+        ("job:micro_batches=0", "micro_batches >= 1"),
+        ("job:host_spells=maybe", "host_spells needs a number"),
+        ("job:seed=1", "bad job straggler parameter 'seed=1'"),
+    ],
+)
+def test_bad_job_specs_are_config_errors(spec, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_stragglers(spec)

@@ -160,7 +160,7 @@ class FirstIterationOff(LogNormalPredictor):
 
 
 def test_a_record_needs_about_640_run_times():
-    assert [record_needed(n) for n in (6, 32, 256, 1024)] == [107, 20, 3, 3]
+    assert [record_needed(n) for n in (6, 16, 17, 32, 256, 1024)] == [8, 8, 38, 20, 3, 3]
 
 
 def test_a_first_iteration_far_outside_the_predictive_leans_at_once_and_only_while_it_loses():
