@@ -1,43 +1,32 @@
-"""The wire: every c10d store key, every encoding and every process group that the engine
-process and its workers share, for all three variants (parameter server, collective, asynchronous).
-A worker process imports this module, :mod:`bdsgd.stages.wire.report` and its loop, and
-nothing of the engine's side (the trace store, polars, pyarrow, rich).
+"""The wire: every c10d store key, every encoding and every process group that the library's
+ranks, their coordinator, the parameter server and its workers share. A rank or a worker imports
+this module, :mod:`bdsgd.stages.wire.report` and its loop, and nothing of the coordinating side
+(the trace store, polars, pyarrow, rich).
 
-Keys, by who reads them (``<t>`` an iteration, ``<g>`` a generation, ``<w>`` a trace worker):
+Keys, by who reads them (``<t>`` an iteration, ``<w>`` a trace worker):
 
-- every variant: ``engine/mode`` (the variant, for torchrun worker ranks), ``start_iteration``,
-  ``t0`` (the engine's clock origin), ``ready/<w>`` (a worker started and reached the store);
-- synchronous (both): ``go/<t>`` (the announcement: ``"<g>"`` on the parameter server,
-  ``"<g>,<c or ONLINE>,<live>"`` on the collective engine, or ``"stop"``), ``n/<t>`` (ticket
-  counter), ``a/<t>/<ticket>`` (a :class:`WorkerReport`), ``cut/<t>`` (the cut's wall time);
-- parameter server: ``gen/<g>`` (members), gloo groups under ``pg/<g>/``;
-- collective: ``cgen/<g>``, ``cjoined/<g>``, ``cfail/<g>``, ``cgo/<t>``, ``cstep/<t>``,
-  ``crecord/<steps>``, ``creplica/<steps>``, ``ceval/<t>``, ``clag/<w>``, ``cdigest/<w>``,
-  ``cdevice/<w>``, the settings ``callreduce``, ``cstates`` and the vote ``cnonccl``; groups
-  under ``cpg/<g>/``;
-- asynchronous: ``async/connect``, ``async/arrivals``, ``async/a/<ticket>``, ``async/end/<w>``,
-  ``async/stop``; pair groups under ``async/pg/<w>/``.
+- every run: ``start_iteration``, ``t0`` (the clock origin), ``ready/<w>`` (a worker started
+  and reached the store);
+- synchronous (the library's loop): ``n/<t>`` (the ticket counter, with the announced c and
+  ``CLOSED``), ``a/<t>/<ticket>`` (a :class:`WorkerReport`), ``cut/<t>`` (the cut), ``closed/<t>``;
+- asynchronous (the parameter server): ``async/connect``, ``async/arrivals``,
+  ``async/a/<ticket>``, ``async/end/<w>``, ``async/stop``; pair groups under ``async/pg/<w>/``.
 """
 
 from __future__ import annotations
 
 import datetime
-import io
 import os
 import socket
-import struct
-import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from bdsgd.stages.errors import WorkerError
 from bdsgd.stages.wire.report import WorkerReport
 
 # -- every variant ----------------------------------------------------------------------------
-VARIANT_KEY = "engine/mode"  # "ps", "collective" or "async": what a torchrun worker rank runs
 START_KEY = "start_iteration"  # the first iteration of this run (after --resume, not 0)
 T0_KEY = "t0"  # the engine's clock origin (time.time()): trace rows' start_s count from it
 PARAM_HEADER = 2  # a parameter message's head: (iteration, cutoff) or, async, (version, j)
@@ -49,12 +38,9 @@ def ready_key(worker: int) -> str:
 
 
 # -- synchronous: both variants ---------------------------------------------------------------
-PARAMS_TAG = 1
-GRAD_TAG = 2
 ONLINE = 0  # the cutoff a sync iteration announces when the server decides c as gradients arrive
 CLOSED = 1 << 40  # added to an iteration's ticket counter to close it: later tickets exceed any c
 LIMIT = 1 << 20  # a loop coordinator adds c * LIMIT to the counter to announce a fixed c
-STOP = "stop"
 
 
 class Ticket(NamedTuple):
@@ -209,101 +195,6 @@ def decode_members(blob: bytes) -> list[int]:
 
 
 # -- collective -------------------------------------------------------------------------------
-ALLREDUCE_KEY = "callreduce"  # how the replicas sum: "ring" or "star"
-STATES_KEY = "cstates"  # "1": the lowest replica publishes its state for each checkpoint
-NCCL_VETO_KEY = "cnonccl"  # counter: replicas that cannot use NCCL (CPU, or a shared GPU)
-STEP_BATCH = 32  # steps of a fixed c the lowest replica publishes at once, at most
-STAR_TAG = 11  # the star sum's messages
-
-
-def generation_key(generation: int) -> str:
-    """``"<members>;<iteration to resume at>"`` of a generation (members are process ids)."""
-    return f"cgen/{generation}"
-
-
-def joined_key(generation: int) -> str:
-    """Counts the members that joined ``generation`` (each after publishing the steps it holds
-    of the generation before)."""
-    return f"cjoined/{generation}"
-
-
-def fail_key(generation: int) -> str:
-    """Appended ``"<worker>,"`` by each member whose all-reduce failed in ``generation``."""
-    return f"cfail/{generation}"
-
-
-def eval_key(t: int | str) -> str:
-    """The held-out loss after iteration t (or ``final``), from the lowest replica."""
-    return f"ceval/{t}"
-
-
-def replica_key(steps: int | str) -> str:
-    """The lowest replica's state (:func:`encode_replica_state`) after ``steps`` iterations,
-    at each checkpoint and at the end (``final``); ``init`` holds a resumed run's state."""
-    return f"creplica/{steps}"
-
-
-def record_key(steps: int) -> str:
-    """Exists when the lowest replica is to publish its state after ``steps`` iterations: the
-    coordinator checkpoints there."""
-    return f"crecord/{steps}"
-
-
-def step_key(t: int) -> str:
-    """Iteration t's all-reduce as the lowest replica saw it (:func:`encode_step`, in a batch:
-    :func:`batch_values`): the gradient statistics behind the coordinator's noise scale, and
-    the reports it carried."""
-    return f"cstep/{t}"
-
-
-def announce_key(t: int) -> str:
-    """Iteration t's announcement as one integer (:func:`encode_announcement`), read by a
-    replica in one round trip (``add(key, 0)``: 0 until announced)."""
-    return f"cgo/{t}"
-
-
-def lag_key(worker: int) -> str:
-    """A replica's join lags (cut to all-reduce entry), milliseconds, comma-separated."""
-    return f"clag/{worker}"
-
-
-def digest_key(worker: int) -> str:
-    """A replica's parameter digest at the end of the run."""
-    return f"cdigest/{worker}"
-
-
-def device_key(worker: int) -> str:
-    """The device type a replica computes on (``cpu`` or ``cuda``), set before it is ready:
-    each machine resolves ``--device`` for its own workers, so the coordinator's host (under
-    torchrun, perhaps one without a GPU) does not guess it."""
-    return f"cdevice/{worker}"
-
-
-def encode_announcement(generation: int, limit: int, live: int, span: int = 0) -> int:
-    """One integer >= 1 for (generation, limit, live, span): the same announcement holds for the
-    ``span`` iterations after this one too (0 <= span < 256)."""
-    return 1 + limit + (live << 23) + (span << 24) + (generation << 32)
-
-
-def decode_announcement(code: int) -> tuple[int, int, int, int]:
-    """(generation, limit, live, span) of an :func:`encode_announcement` code."""
-    code -= 1
-    return code >> 32, code & ((1 << 23) - 1), (code >> 23) & 1, (code >> 24) & 255
-
-
-def encode_step(
-    stats: tuple,
-    slots: bytes,
-    evaluated: tuple[int, float] | None = None,
-    lr: float | None = None,
-) -> bytes:
-    """``"n,sum |g_i|^2,|mean|^2,samples"`` (empty when nothing was applied), then
-    ``";<iteration>,<held-out loss>"`` when the all-reduce summed one (empty after the ``;``
-    otherwise), then ``";<lr>"``, the learning rate the step applied (empty when none), a
-    newline, then the reduced report slots (float32 bytes, :meth:`WorkerReport.from_slots`)."""
-    head = ";".join((",".join(map(repr, stats)), ",".join(map(repr, evaluated or ())),
-                     "" if lr is None else repr(lr)))  # fmt: skip
-    return head.encode() + b"\n" + slots
 
 
 class Step(NamedTuple):
@@ -315,74 +206,7 @@ class Step(NamedTuple):
     lr: float | None = None  # the learning rate the replicas stepped with; None: no step
 
 
-def decode_step(blob: bytes, slots: bool = True) -> Step:
-    """A step published by :func:`encode_step` (no reports unless ``slots``)."""
-    head, _, rest = blob.partition(b"\n")
-    applied, evaluated, lr = head.decode().split(";")
-    stats = None
-    if applied:
-        n, sq, mean_sq, samples = applied.split(",")
-        stats = (int(n), float(sq), float(mean_sq), int(samples))
-    loss = None
-    if evaluated:
-        t, value = evaluated.split(",")
-        loss = (int(t), float(value))
-    reports = WorkerReport.from_slots(np.frombuffer(rest, dtype="f4")) if slots else []
-    return Step(stats, loss, reports, float(lr) if lr else None)
-
-
-BATCH_ENTRY = struct.Struct("<qI")  # iteration, length of its step
 BATCH_HEAD, BATCH_POINTER = b"B", b"@"  # a batch's first key holds it; the others point there
-
-
-def batch_values(steps: list[tuple[int, bytes]]) -> list[bytes]:
-    """The values of consecutive (iteration, :func:`encode_step` bytes), one per
-    :func:`step_key` of the batch: the first key holds every step of the batch, each later one
-    points to it (``@<first iteration>``), so whichever key the coordinator waits for (the
-    first it has not read: after a regrouping, one inside a batch) leads it to the whole batch
-    in one or two reads, and a batch of k steps moves k steps, not k(k+1)/2."""
-    blob = BATCH_HEAD + b"".join(BATCH_ENTRY.pack(t, len(step)) + step for t, step in steps)
-    return [blob] + [BATCH_POINTER + str(steps[0][0]).encode()] * (len(steps) - 1)
-
-
-def batch_pointer(value: bytes) -> int | None:
-    """The batch's first iteration, where ``value`` points to it; None where it is the batch."""
-    return int(value[1:]) if value[:1] == BATCH_POINTER else None
-
-
-def decode_batch(blob: bytes) -> dict[int, bytes]:
-    """iteration -> its step, of a batch's first value (:func:`batch_values`)."""
-    steps, at = {}, len(BATCH_HEAD)
-    while at < len(blob):
-        t, size = BATCH_ENTRY.unpack_from(blob, at)
-        at += BATCH_ENTRY.size
-        steps[t], at = blob[at : at + size], at + size
-    return steps
-
-
-def encode_replica_state(state: dict) -> bytes:
-    """A replica's state (tensors and plain values) as ``torch.save`` bytes."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
-def decode_replica_state(blob: bytes) -> dict:
-    """A replica state from its bytes: tensors and plain values only (never runs code)."""
-    return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
-
-
-def vote_backend(store: dist.Store, mine: str) -> None:
-    """A replica's say in the backend, before it reports ready: NCCL only if every replica can
-    use it (each machine decides for its own workers, and machines may differ under torchrun:
-    mixed backends would hang the group's rendezvous)."""
-    store.add(NCCL_VETO_KEY, int(mine != "nccl"))
-
-
-def agreed_backend(store: dist.Store, mine: str) -> str:
-    """The backend every replica builds its groups with, once all have voted (the coordinator
-    announces the first generation only after every replica reported ready)."""
-    return "nccl" if mine == "nccl" and store.add(NCCL_VETO_KEY, 0) == 0 else "gloo"
 
 
 # -- asynchronous -----------------------------------------------------------------------------
@@ -472,15 +296,6 @@ def get_key(store: dist.Store, key: str) -> bytes | None:
         return None
 
 
-def wait_key_until(store: dist.Store, key: str, deadline: float, slice_s: float = 0.5) -> bool:
-    """Wait for ``key`` until the monotonic ``deadline``, in slices (so a caller's checks can run
-    between them via repeated calls). False when the deadline passed."""
-    while (left := deadline - time.monotonic()) > 0:
-        if wait_key(store, key, min(slice_s, left)):
-            return True
-    return False
-
-
 def open_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.TCPStore:
     """The control store. The server hosts it on ``host`` alone (loopback unless the user names
     an address): torch's own master socket would listen on every interface, so the server binds
@@ -502,6 +317,18 @@ def open_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.
         raise WorkerError(f"cannot reach the control store at {host}:{port}: {exc}") from None
 
 
+# -- process groups ---------------------------------------------------------------------------
+def gloo_group(
+    store: dist.Store, prefix: str, rank: int, size: int, host: str, timeout_s: float
+) -> dist.ProcessGroupGloo:
+    """The one way a gloo group is built: ``size`` members rendezvousing under ``prefix`` in the
+    store (a new generation never meets an old one), this process's device on ``host``."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, opts)
+
+
 def listen_on(host: str, port: int) -> tuple[int, int]:
     """A TCP socket listening on ``host``'s address alone (port 0: any free port): its file
     descriptor, which the store then owns and closes, and its port."""
@@ -520,64 +347,12 @@ def listen_on(host: str, port: int) -> tuple[int, int]:
     return sock.detach(), port
 
 
-# -- process groups ---------------------------------------------------------------------------
-def gloo_group(
-    store: dist.Store, prefix: str, rank: int, size: int, host: str, timeout_s: float
-) -> dist.ProcessGroupGloo:
-    """The one way a gloo group is built: ``size`` members rendezvousing under ``prefix`` in the
-    store (a new generation never meets an old one), this process's device on ``host``."""
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = datetime.timedelta(seconds=timeout_s)
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, opts)
-
-
-def build_group(
-    store: dist.Store, generation: int, members: list[int], me: int, host: str, timeout_s: float
-) -> dist.ProcessGroupGloo:
-    """The parameter server's group among ``members`` (process ids; the server, 0, is always
-    group rank 0)."""
-    return gloo_group(store, f"pg/{generation}/", members.index(me), len(members), host, timeout_s)
-
-
-def collective_prefix(generation: int) -> str:
-    """Where a collective generation's group (gloo or NCCL) rendezvouses."""
-    return f"cpg/{generation}/"
-
-
 def pair_group(
     store: dist.Store, worker: int, me: int, host: str, timeout_s: float
 ) -> dist.ProcessGroupGloo:
     """The asynchronous engine's group of the server (rank 0) and trace worker ``worker`` (rank
     1); ``me`` is 0 on the server and 1 on the worker. A worker that dies breaks only its pair."""
     return gloo_group(store, f"async/pg/{worker}/", me, 2, host, timeout_s)
-
-
-def star_sum(group, rank: int, size: int, buf: torch.Tensor, inbox: list[torch.Tensor]):
-    """Sum ``buf`` over a gloo group by star: rank 0 receives every other rank's buffer (into
-    ``inbox``, one per other rank), adds them to its own in rank order and sends the sum back,
-    so every rank ends with the same bytes. Starts rank 0's receives and returns what
-    completes the sum."""
-    if size == 1:
-        return lambda: None
-    if rank != 0:
-
-        def leaf() -> None:
-            group.send([buf], 0, STAR_TAG).wait()
-            group.recv([buf], 0, STAR_TAG).wait()
-
-        return leaf
-    received = [group.recv([b], r, STAR_TAG) for r, b in enumerate(inbox, 1)]
-
-    def root() -> None:
-        for work in received:
-            work.wait()
-        for b in inbox:
-            buf.add_(b)
-        for work in [group.send([buf], r, STAR_TAG) for r in range(1, size)]:
-            work.wait()
-
-    return root
 
 
 def quiet_c10d_logs() -> None:
