@@ -110,7 +110,7 @@ def _build(
         own = BdsgdCutoff(predictor, num_samples=num_samples, **mc)
         if unusable is not None:
             policy = with_self_check(own, num_workers, seed, num_samples, mc, trusted=False)
-            console.print(fallback_message(spec, checkpoint, unusable, policy))
+            console.print(fallback_message(spec, checkpoint, unusable, policy), soft_wrap=True)
             return policy
         if not checked:
             own.name += f":{UNCHECKED}"
