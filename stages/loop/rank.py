@@ -199,22 +199,21 @@ class Cutoff:
         neither repeats nor misses one. Every rank calls it (it ends with a barrier)."""
         self._usable()
         target = self._checkpoint_path(path)
-        if self.coordinator is not None:
-            self.coordinator.record(self.t)
-        dist.barrier()  # the rows are on disk before the checkpoint counts them
-        if self.rank == 0:
-            state = {
-                "version": CHECKPOINT_VERSION,
-                "run_id": self.run_id,
-                "world_size": self.world,
-                "next_iteration": self.t,
-                "model": self.model.state_dict(),
-                "optimizer": None if optimizer is None else optimizer.state_dict(),
-                "scheduler": None if scheduler is None else scheduler.state_dict(),
-                "extra": extra,
-            }
-            save_atomic(state, target)
-        dist.barrier()
+        if self.coordinator is not None:  # the rows are on disk before the checkpoint counts them
+            self._together(lambda: self.coordinator.record(self.t))
+        else:
+            self._together(lambda: None)
+        state = {
+            "version": CHECKPOINT_VERSION,
+            "run_id": self.run_id,
+            "world_size": self.world,
+            "next_iteration": self.t,
+            "model": self.model.state_dict(),
+            "optimizer": None if optimizer is None else optimizer.state_dict(),
+            "scheduler": None if scheduler is None else scheduler.state_dict(),
+            "extra": extra,
+        }
+        self._together(lambda: save_atomic(state, target) if self.rank == 0 else None)
         return target
 
     def resume(self, optimizer=None, scheduler=None, path: str | os.PathLike | None = None) -> int:
@@ -249,19 +248,41 @@ class Cutoff:
         if self.closed:
             return None
         self.closed = True
-        summary = None
-        if self.coordinator is not None:
-            summary = self.coordinator.close(self.t, broken=self.broken is not None)
-            for slow in summary["slow_ranks"]:
-                print(f"bdsgd: rank {slow['rank']} on {slow['host']} is persistently slow: median "
-                      f"{slow['median_s'] * 1e3:.1f} ms, {slow['ratio']:.2f}x the ranks' median, "
-                      f"cut in {slow['cut_share']:.0%} of iterations", file=sys.stderr)  # fmt: skip
-        dist.barrier()
-        self.node_cut.close()
-        if self.run_dir_lock is not None:
-            self.run_dir_lock.release()
-        release_default_group()  # (else the group outlives destroy_process_group: group_exit)
+        box: list = [None]
+        try:
+            if self.coordinator is not None:
+                self._together(lambda: box.__setitem__(0, self._close_coordinator()))
+            else:
+                self._together(lambda: None)
+        finally:
+            self.node_cut.close()
+            if self.run_dir_lock is not None:
+                self.run_dir_lock.release()
+            release_default_group()  # (else the group outlives destroy_process_group: group_exit)
+        return box[0]
+
+    def _close_coordinator(self) -> dict:
+        summary = self.coordinator.close(self.t, broken=self.broken is not None)
+        for slow in summary["slow_ranks"]:
+            print(f"bdsgd: rank {slow['rank']} on {slow['host']} is persistently slow: median "
+                  f"{slow['median_s'] * 1e3:.1f} ms, {slow['ratio']:.2f}x the ranks' median, "
+                  f"cut in {slow['cut_share']:.0%} of iterations", file=sys.stderr)  # fmt: skip
         return summary
+
+    def _together(self, work) -> None:
+        """``work`` on this rank, then a meeting of every rank (a barrier that carries errors):
+        when bdsgd's own work failed on some rank (a full disk at rank 0's checkpoint, its
+        trace rows, its run directory), every rank raises the same one line naming the first
+        such rank and the cause, instead of the others failing on a closed connection."""
+        error = None
+        try:
+            work()
+        except (BdsgdError, OSError) as exc:
+            error = f"rank {self.rank}: {first_line(exc)}"
+        errors = [None] * self.world
+        dist.all_gather_object(errors, error)
+        if first := next((e for e in errors if e is not None), None):
+            raise BdsgdError(first)
 
     # -- internals ------------------------------------------------------------------------------
     def _usable(self) -> None:

@@ -32,6 +32,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--cut-relay", action="store_true", help="relay the cut through a local store")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--batchnorm", action="store_true", help="a BatchNorm layer in the model")
+    ap.add_argument("--fill", help="rank 0 fills the disk holding this folder before its save")
     ap.add_argument("--no-broadcast-buffers", action="store_true")
     ap.add_argument("--single", action="store_true", help="one process, no bdsgd: the reference")
     ap.add_argument("--device", default="cpu")
@@ -124,6 +125,8 @@ def distributed(args) -> None:
         seen["admitted"].append(cut.last.admitted)
         seen["cut"].append(cut.last.cut)
         if args.stop_after is not None and step + 1 == args.stop_after:
+            if args.fill and rank == 0:
+                fill_disk(Path(args.fill))
             cut.save(opt, sched)
             break
     summary = cut.close()
@@ -138,6 +141,16 @@ def distributed(args) -> None:
     gc.collect()
     seen["gloo_threads_after_destroy"] = gloo_threads()
     write(args.result, rank, model, seen)
+
+
+def fill_disk(folder: Path) -> None:
+    """Write zeros into ``folder`` until its disk is full."""
+    with open(folder / "filler", "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError:
+            pass
 
 
 def grads_in_buffer(cut) -> bool:

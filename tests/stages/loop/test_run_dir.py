@@ -5,6 +5,8 @@ the first iteration to the last however often it resumes, a fresh job starting a
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,6 +15,7 @@ import torch
 from bdsgd.stages.run_lock import RunDirLock
 from bdsgd.stages.store import TraceStore
 
+from tests.full_disk import mount_tmpfs
 from tests.stages.loop.launch import run_ranks
 
 
@@ -102,3 +105,25 @@ def test_an_out_bdsgd_did_not_write_is_refused_at_construction_on_every_rank(tmp
     else:
         assert (run / "summary.json").read_text() == "the user's own summary"
         assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "summary.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rank_0s_disk_filling_at_a_save_ends_every_rank_with_the_same_line(tmp_path):
+    """Rank 0's checkpoint cannot be written: every rank's output ends with the same one line,
+    naming rank 0 and the cause (not gloo's closed connection on the others)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not mount_tmpfs(disk, "2m"):
+        pytest.skip("this machine does not let the test mount a tmpfs")
+    try:
+        results = run_ranks(2, "--steps", "8", "--stop-after", "2", "--out", str(disk / "run"),
+                            "--traces", str(tmp_path / "traces"), "--fill", str(disk),
+                            "--result", str(tmp_path / "r"))  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, timeout=30)
+    # (torch prefixes an uncaught error's lines with "[rank<r>]: ")
+    lines = [re.sub(r"^\[rank\d+\]: ", "", last_line(out)) for _, out in results]
+    assert all(rc != 0 for rc, _ in results)
+    assert lines[0] == lines[1], lines
+    assert "rank 0:" in lines[0] and "No space left on device" in lines[0], lines
