@@ -39,6 +39,7 @@ def loop_job(cfg, run_id: str, policy: str, out: Path | None, **loop) -> LoopJob
         micro_batches=cfg.micro_batches, salvage=get("salvage", False), lr_scaling=lr_scaling,
         stragglers=cfg.stragglers, time_scale=cfg.time_scale, seed=cfg.seed, run_id=run_id,
         timeout_s=cfg.timeout_s, workload=cfg.workload, target_loss=get("target_loss"),
+        batch_size=cfg.batch_size,
         overhead_s=get("overhead_s"), explore=get("explore", 0.0),
         record_every=get("record_batch", 25), **loop,
     )  # fmt: skip

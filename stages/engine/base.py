@@ -25,7 +25,7 @@ from bdsgd.stages.signals import current_hold, hold_interrupts
 from bdsgd.stages.store import TraceWriter
 from bdsgd.stages.wire import keys as P
 from bdsgd.stages.wire.janitor import KeyJanitor
-from bdsgd.stages.wire.report import WorkerReport
+from bdsgd.stages.wire.report import WorkerReport, trace_columns
 from bdsgd.stages.workloads import Workload
 
 STATE_VERSION = 3  # the iteration log's older rows in segments (resume.py)
@@ -255,21 +255,13 @@ class Engine(abc.ABC):
         thousand iterations a second, a dict per row showed in the engine's CPU)."""
         if not reports:
             return
-        n, cfg = len(reports), self.cfg
-        same = dict(run_id=cfg.run_id, world_size=cfg.workers, cutoff=cutoff,
-                    policy=self.policy.name, source=cfg.source, workload=cfg.workload,
-                    batch_size=cfg.batch_size)  # fmt: skip
-        rows = {k: [v] * n for k, v in same.items()}
-        rows["host"] = [cfg.hosts[rep.worker] for rep in reports]
-        rows["device"] = [self.trace_device(rep.worker) for rep in reports]
-        values = [rep.trace_values() for rep in reports]
-        rows.update({k: [v[k] for v in values] for k in values[0]})
+        cfg = self.cfg
+        rows = trace_columns(reports, list(cfg.hosts), ["cpu"] * cfg.workers, run_id=cfg.run_id,
+                             world_size=cfg.workers, cutoff=cutoff, policy=self.policy.name,
+                             source=cfg.source, workload=cfg.workload,
+                             batch_size=cfg.batch_size)  # fmt: skip
         self.writer.add(rows)
-        self.rows_added += n
-
-    def trace_device(self, worker: int) -> str:
-        """The device ``worker`` computes on, for its trace rows."""
-        return "cpu"
+        self.rows_added += len(reports)
 
     def record_due(self, t: int) -> bool:
         """Whether the trace rows through iteration t, and the checkpoint, are written now:

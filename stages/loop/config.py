@@ -67,6 +67,8 @@ class LoopConfig:
     first reaches it."""
     workload: str = "user"
     """The trace rows' ``workload`` column."""
+    batch_size: int | None = None
+    """The trace rows' ``batch_size`` column: samples of one rank's mini-batch (None: null)."""
     overhead_s: float | None = None
     """A fixed cost per iteration the policy adds to the wait (``bdsgd train --overhead-s``);
     None measures it while running: the iteration's time beyond its c-th arrival, smoothed."""
@@ -127,6 +129,7 @@ KINDS = {
         "a path or None",
     ),
     "int": (_is_int, "an integer"),
+    "int | None": (lambda v: v is None or _is_int(v), "an integer or None"),
     "float": (_is_number, "a number"),
     "float | None": (lambda v: v is None or _is_number(v), "a number or None"),
     "bool": (lambda v: isinstance(v, bool), "True or False"),

@@ -41,7 +41,7 @@ from bdsgd.stages.store import TraceStore, TraceWriter
 from bdsgd.stages.summary import run_summary
 from bdsgd.stages.wire import keys as P
 from bdsgd.stages.wire.janitor import KeyJanitor
-from bdsgd.stages.wire.report import WorkerReport
+from bdsgd.stages.wire.report import WorkerReport, trace_columns
 
 IDLE_WAIT_S = 5.0  # longest single store wait for an arrival when no tick is due
 MIN_WAIT_S = 0.001  # shortest store wait before a due tick
@@ -308,17 +308,12 @@ class LoopCoordinator:
                 rep = WorkerReport(w, t, start, float(outcome.runtimes[w]), math.nan,
                                    self.injected_delay(w, t), censored=True)  # fmt: skip
             rows.append(rep)
-        columns = {k: [v[k] for v in (r.trace_values() for r in rows)] for k in
-                   rows[0].trace_values()}  # fmt: skip
-        n = len(rows)
-        columns.update(
-            run_id=[self.run_id] * n, host=[self.hosts[r.worker] for r in rows],
-            world_size=[self.world] * n, cutoff=[cutoff] * n, policy=[self.policy.name] * n,
-            source=[source_of(self.cfg.policy)] * n,
-            workload=[self.cfg.workload] * n, device=[self.device] * n,
-        )  # fmt: skip
+        columns = trace_columns(rows, self.hosts, [self.device] * self.world, run_id=self.run_id,
+                                world_size=self.world, cutoff=cutoff, policy=self.policy.name,
+                                source=source_of(self.cfg.policy), workload=self.cfg.workload,
+                                batch_size=self.cfg.batch_size)  # fmt: skip
         self.writer.add(columns)
-        self.rows_added += n
+        self.rows_added += len(rows)
         if (t + 1) % self.cfg.record_every == 0:
             self.writer.flush()
 

@@ -3,10 +3,10 @@ rounding) from the worker to the policy, the iteration log and the trace row.
 
 A synchronous worker writes it under its arrival ticket (``a/<t>/<ticket>``); an asynchronous one
 under its global arrival ticket, and under its end key for a computation the run's end cut short.
-The engine builds trace rows only from reports (:meth:`WorkerReport.trace_values`); a worker cut
-off by a synchronous engine is reported by the engine itself, censored at the cut -- the value the
-policy learned from is the value written to the trace, so a model fitted on traces sees exactly
-what the live policy saw.
+Trace rows are built only from reports (:func:`trace_columns`, the one builder of every path's
+rows); a rank cut off in a synchronous iteration is reported by the coordinator itself, censored
+at the cut with the delay it was injected -- the value the policy learned from is the value
+written to the trace, so a model fitted on traces sees exactly what the live policy saw.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ import math
 import struct
 from typing import NamedTuple
 
-import numpy as np
-
 _FORMAT = struct.Struct("<qqddddq?")
-SLOT = 1 + 32  # a report in an all-reduce: its ticket (0: none), then its bytes 2 per float32
 
 
 class WorkerReport(NamedTuple):
@@ -48,23 +45,6 @@ class WorkerReport(NamedTuple):
         w, t, start, runtime, loss, delay, version, censored = _FORMAT.unpack(blob)
         return WorkerReport(w, t, start, runtime, loss, delay, version, censored)
 
-    def to_slot(self, ticket: int) -> np.ndarray:
-        """This report as float32 values that survive a sum with zeros exactly (its bytes, two
-        at a time, as integers below 2^16), led by its ticket: a collective engine's replicas
-        carry their reports in the gradient all-reduce, each in its own slot."""
-        raw = self.encode().ljust(2 * (SLOT - 1), b"\0")
-        return np.concatenate([[float(ticket)], np.frombuffer(raw, dtype="<u2")]).astype("f4")
-
-    @staticmethod
-    def from_slots(values: np.ndarray) -> list[tuple[int, WorkerReport]]:
-        """(ticket, report) of every non-empty slot of a reduced slot array, in slot order."""
-        out = []
-        for row in np.asarray(values, dtype="f4").reshape(-1, SLOT):
-            if row[0] > 0:
-                raw = row[1:].astype("<u2").tobytes()[: _FORMAT.size]
-                out.append((int(row[0]), WorkerReport.decode(raw)))
-        return out
-
     def cut_at(self, runtime_s: float) -> WorkerReport:
         """This computation censored at ``runtime_s`` (no loss: its gradient was not applied)."""
         return self._replace(runtime_s=runtime_s, censored=True, loss=math.nan)
@@ -79,3 +59,18 @@ class WorkerReport(NamedTuple):
             censored=self.censored,
             injected_delay_s=self.delay_s,
         )
+
+
+def trace_columns(
+    reports: list[WorkerReport], hosts: list[str], devices: list[str], **same
+) -> dict[str, list]:
+    """The trace rows (schema v1 and its extra columns) of ``reports``, column by column:
+    ``hosts`` and ``devices`` by worker, ``same`` (run_id, world_size, cutoff, policy, source,
+    workload, batch_size) on every row."""
+    n = len(reports)
+    columns = {k: [v] * n for k, v in same.items()}
+    columns["host"] = [hosts[rep.worker] for rep in reports]
+    columns["device"] = [devices[rep.worker] for rep in reports]
+    values = [rep.trace_values() for rep in reports]
+    columns.update({k: [v[k] for v in values] for k in values[0]} if values else {})
+    return columns

@@ -239,3 +239,35 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+@pytest.mark.timeout(900)
+def test_a_profile_and_a_train_write_rows_of_the_same_columns_and_meanings(tmp_path):
+    """The same --stragglers under profile (full) and train (static:2): the same columns in
+    the same order and types, and column by column the same meanings: a rank's host, device,
+    world size, workload, batch size and injected delay agree cell by cell; only the policy,
+    the source, the cutoff and the cut ranks' censoring differ, as the policies did."""
+    spec = "synthetic:base_s=0.01,hosts=2"
+    common = ["--workers", "3", "--iterations", "6", "--stragglers", spec, "--seed", "0",
+              "--batch-size", "8"]  # fmt: skip
+    rc, _, err = finish(start("profile", *common, "--traces", str(tmp_path / "p")))
+    assert rc == 0, err
+    rc, _, err = finish(start("train", *common, "--policy", "static:2", "--traces",
+                              str(tmp_path / "t"), "--out", str(tmp_path / "run")))  # fmt: skip
+    assert rc == 0, err
+    prof = TraceStore(tmp_path / "p").read().sort("iteration", "worker")
+    train = TraceStore(tmp_path / "t").read().sort("iteration", "worker")
+    assert prof.columns == train.columns and prof.dtypes == train.dtypes
+    assert prof.height == train.height == 18
+    for column in ("iteration", "worker", "host", "world_size", "workload", "batch_size",
+                   "device", "injected_delay_s"):  # fmt: skip
+        assert prof[column].to_list() == train[column].to_list(), column
+    assert set(prof["batch_size"]) == {8} and set(prof["world_size"]) == {3}
+    assert set(zip(prof["policy"], prof["source"], strict=True)) == {("full", "profile")}
+    assert set(zip(train["policy"], train["source"], strict=True)) == {("static:2", "train")}
+    assert prof["cutoff"].is_null().all() and set(train["cutoff"]) == {2}
+    assert not prof["censored"].any()
+    per_iteration = train.group_by("iteration").agg(pl.col("censored").sum())["censored"]
+    assert all(n <= 1 for n in per_iteration)  # (a ticket taken before the close is admitted)
+    for frame in (prof, train):
+        assert (frame["start_s"] >= 0).all() and (frame["runtime_s"] > 0).all()
