@@ -66,7 +66,7 @@ class ArrivalRecord:
         soon[: m - 1] = gaps < self.tick_s
         gap[: m - 1] = np.where(gaps < self.tick_s, gaps, 0.0)
         out = ~done & np.isfinite(runtimes) & (runtimes > 0)
-        if m < n and out.any() and runtimes[out].max() - arrivals[-1] >= self.tick_s:
+        if m < n and out.any() and runtimes[out].max() - arrivals[-1] >= self.tick_s - 1e-9:
             told[m - 1] = True  # cut at a tick: the (m+1)-th was still out a tick after the m-th
         a = self.alpha
         self.weight[told] = (1 - a) * self.weight[told] + a
