@@ -132,9 +132,12 @@ def _p50_p99(values: list[float]) -> tuple[float, float]:
 
 
 def decision_table(quick: bool) -> list[str]:
-    """Markdown rows of :func:`decision` at N = 32, 256, 1024, one worker per host and 8."""
+    """Markdown rows of :func:`decision` at N = 4, 16 and 64 (four workers per host: a job of
+    a few ranks, where the decision runs on a thread of rank 0's process) and at N = 32, 256,
+    1024, one worker per host and 8."""
     iterations = 15 if quick else 60
-    rows = [
+    small = [decision(n, max(1, n // 4), iterations) for n in (4, 16, 64)]
+    rows = small + [
         decision(n, h, iterations) for n in (32, 256, 1024) for h in sorted({n, max(1, n // 8)})
     ]
     lines = [
@@ -186,13 +189,14 @@ def run(quick: bool = False) -> str:
         "Decision cost of the default `bdsgd` (self-checking, online stopping), one thread: "
         "`choose` plus the revision that ended the iteration (what `decision_ms` counts), over "
         "independent log-normal arrivals (untrained model: the cost does not depend on the "
-        "weights); `observe` is the update after the iteration (the filter, and the peers' "
-        "shadow choices and scores). Decision CPU is the same span in this process's CPU time "
+        "weights); `observe` is the update after the iteration (the filter, the next "
+        "iteration's draws and the set-up of their conditional, and the peers' shadow choices "
+        "and scores). Decision CPU is the same span in this process's CPU time "
         "(what it costs, without the waits of a shared machine). The ending revision is what "
         "lies between the c-th gradient and the cut for an online policy (the engines announce "
         "its iteration before `choose`, the library's coordinator chooses while the ranks "
-        "compute). Targets (issue 32): decision p50 <= 1 ms at N=256, <= 2 ms at N=1024, p99 "
-        "within 2x of p50.",
+        "compute). Targets: decision p50 <= 1 ms at N=256, <= 2 ms at N=1024, p99 "
+        "within 2x of p50; p99 under 2 ms at N = 4 to 64.",
         "",
         *decision_table(quick),
         "",
