@@ -101,6 +101,11 @@ class SimulateConfig:
     batch_size: int | None = None
     """Per-worker batch size the noise scale refers to; None: the train run's config.json, or
     32."""
+    micro_batches: int = 1
+    """Micro-batches per worker step, for salvage: a worker cut at time tau with run-time x has
+    finished floor(m tau / x) of its m micro-batches, and they count as that share of a gradient
+    (``samples`` per iteration, ``sample_throughput`` in the metrics). 1: a cut worker's work is
+    lost (no salvage metric)."""
     skip_bad_files: bool = False
     """Leave out (with a note) trace files that are unreadable or not valid schema v1, instead
     of refusing the store; the files are never modified."""
@@ -125,6 +130,8 @@ class SimulateConfig:
             raise ConfigError(f"--explore must be in [0, 1), got {self.explore}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.micro_batches < 1:
+            raise ConfigError(f"micro_batches must be >= 1, got {self.micro_batches}")
 
 
 @dataclass
@@ -151,6 +158,9 @@ class PolicyRun:
         stale = self.columns.get("staleness", [0.0])
         gains = np.asarray(self.columns.get("gain", [np.nan]), dtype=float)
         goodput = {"goodput": float(gains.sum() / dur.sum())} if "gain" in self.columns else {}
+        if "samples" in self.columns and dur.sum() > 0:
+            samples = np.asarray(self.columns["samples"], dtype=float)
+            goodput["sample_throughput"] = float(samples.sum() / dur.sum())
         return {
             "throughput": throughput,
             **goodput,
@@ -182,10 +192,12 @@ def simulate_sync(
     start: int,
     overhead_s: float,
     noise: NoiseSchedule | None = None,
+    micro_batches: int = 1,
 ) -> PolicyRun:
     """Replay rows start.. of the run through a sync cutoff policy: each row's live workers
     arrive in order of their run-times, through the same :class:`IterationDriver` the engines
-    use."""
+    use. ``micro_batches`` > 1 also records each iteration's ``samples`` with salvage
+    (:func:`salvaged`)."""
     result = PolicyRun(policy.name, policy.mode)
     driver = IterationDriver(policy, run.runtimes.shape[1])
     wall = 0.0
@@ -214,7 +226,22 @@ def simulate_sync(
             **noise_columns(noise, t, out.c),
             peer=preds.get("peer"),
         )
+        if micro_batches > 1:
+            result.record(samples=out.c + salvaged(x, live, out.order, out.cut_s, micro_batches))
     return result
+
+
+def salvaged(
+    runtimes: np.ndarray, live: np.ndarray, admitted, cut_s: float, micro_batches: int
+) -> float:
+    """Gradients' worth of the micro-batches the live workers cut at ``cut_s`` had finished:
+    sum over them of floor(m cut / x) / m (a worker's run-time spread evenly over its m
+    micro-batches; a worker whose run-time is unknown, inf, salvages nothing)."""
+    cut = live.copy()
+    cut[list(admitted)] = False
+    x = runtimes[cut]
+    done = np.floor(micro_batches * cut_s / x[np.isfinite(x)]) / micro_batches
+    return float(np.minimum(done, 1.0).sum())
 
 
 def noise_columns(noise: NoiseSchedule | None, t: int, c: int) -> dict[str, float]:
@@ -396,13 +423,14 @@ def replay(
     start: int,
     overhead_s: float,
     noise: NoiseSchedule | None = None,
+    micro_batches: int = 1,
 ) -> PolicyRun:
     """Warm the policy up on rows < start, then replay the rest with the driver of its mode
-    (sync policies get the noise schedule)."""
+    (sync policies get the noise schedule and the salvage count)."""
     policy.overhead_s = overhead_s
     warm_up(policy, run, start)
     if policy.mode == "sync":
-        return simulate_sync(policy, run, start, overhead_s, noise)
+        return simulate_sync(policy, run, start, overhead_s, noise, micro_batches)
     return DRIVERS[policy.mode](policy, run, start, overhead_s)
 
 
@@ -432,11 +460,12 @@ def compare(
     noise = noise_schedule(config)
     with shown(f"simulate {run.runtimes.shape[0] - start} iterations", len(policies) + 1) as step:
         step(0, "oracle")
-        oracle = replay(make_policy("oracle", n), run, start, config.overhead_s, noise)
+        m = config.micro_batches
+        oracle = replay(make_policy("oracle", n), run, start, config.overhead_s, noise, m)
         replays = []
         for p in policies:
             step(1, p.name)
-            replays.append(replay(p, run, start, config.overhead_s, noise))
+            replays.append(replay(p, run, start, config.overhead_s, noise, m))
         step(1, "")
     oracle_throughput = oracle.metrics(1.0)["throughput"]
     metrics = {r.name: r.metrics(oracle_throughput) for r in replays}

@@ -328,3 +328,27 @@ def test_long_work_shows_progress_on_a_terminal_alone(monkeypatch, capsys, termi
     err = capsys.readouterr().err
     assert ("replaying" in err and "3/3" in err) is terminal
     assert (err == "") is not terminal
+
+
+def test_salvage_counts_the_finished_micro_batches_of_cut_workers():
+    from bdsgd.stages.simulate import salvaged
+
+    runtimes = np.array([0.1, 0.2, 0.4, np.inf])
+    live = np.array([True, True, True, True])
+    # cut at 0.2 after workers 0 and 1: worker 2 finished 2 of 4, worker 3 (unknown) none
+    assert salvaged(runtimes, live, (0, 1), 0.2, 4) == pytest.approx(0.5)
+    assert salvaged(runtimes, live, (0,), 0.1, 4) == pytest.approx(0.5 + 0.25)
+    dead = np.array([True, True, False, True])
+    assert salvaged(runtimes, dead, (0, 1), 0.2, 4) == 0.0
+
+
+def test_sample_throughput_is_reported_with_micro_batches():
+    runtimes = np.array([[0.1, 0.1, 0.1, 0.4]] * 20)
+    mask = np.ones_like(runtimes, dtype=bool)
+    run = RunMatrix("r", runtimes, ~mask, mask, ("h",) * 4)
+    metrics, _ = compare(["static:3"], run, SimulateConfig(traces=Path("r"), micro_batches=4))
+    m = metrics["static:3"]
+    assert m["throughput"] == pytest.approx(30.0)  # 3 gradients per 0.1 s
+    assert m["sample_throughput"] == pytest.approx(32.5)  # + a quarter of the slow one's
+    plain, _ = compare(["static:3"], run, SimulateConfig(traces=Path("r")))
+    assert "sample_throughput" not in plain["static:3"]
