@@ -213,7 +213,7 @@ def run_restarting(job: LoopJob, cfg, on_progress) -> None:
             if attempt == restarts or out is None or not (Path(out) / CHECKPOINT).exists():
                 raise
             console.print(f"[yellow]{exc}: the job restarts from its last checkpoint "
-                          f"(restart {attempt + 1} of {restarts})[/]")  # fmt: skip
+                          f"(restart {attempt + 1} of {restarts})[/]", soft_wrap=True)  # fmt: skip
 
 
 def read_summary(out: Path) -> dict:

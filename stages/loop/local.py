@@ -104,15 +104,16 @@ class RankDied(WorkerError):
 
 def raise_if_failed(procs, store: dist.Store) -> None:
     """:class:`WorkerError` with the first failed rank's line, if a rank exited non-zero
-    (:class:`RankDied` when it said nothing: a kill, not an error of bdsgd's or the
-    workload's)."""
+    (:class:`RankDied` when a rank was killed, or when it said nothing: not an error of
+    bdsgd's or the workload's)."""
     if failed := [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]:
+        killed = [r for r in failed if procs[r].exitcode < 0]
+        if killed:  # (the others then fail on the broken group: theirs is not the cause)
+            raise RankDied(f"rank {killed[0]} was killed by signal {-procs[killed[0]].exitcode}")
         line = failure_line(store)
         if line is not None:
             raise WorkerError(line)
-        code = procs[failed[0]].exitcode
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        raise RankDied(f"rank {failed[0]} {how}")
+        raise RankDied(f"rank {failed[0]} exited with code {procs[failed[0]].exitcode}")
 
 
 def failure_line(store: dist.Store) -> str | None:

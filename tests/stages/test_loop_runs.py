@@ -225,7 +225,7 @@ def test_a_rank_killed_mid_run_restarts_the_job_and_nothing_is_lost_or_doubled(t
     finally:
         kill_session(proc)
     assert rc == 0, err
-    assert "the job restarts from its last checkpoint (restart 1 of 1)" in err
+    assert "the job restarts from its last checkpoint (restart 1 of 1)" in " ".join(err.split())
     rows = TraceStore(tmp_path / "traces").read()
     assert rows["run_id"].n_unique() == 1
     cells = sorted(zip(rows["iteration"], rows["worker"], strict=True))

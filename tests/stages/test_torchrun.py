@@ -15,7 +15,7 @@ from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.wire.torchrun import Torchrun
 
-from tests.processes import run_in_session, run_in_sessions
+from tests.processes import run_in_sessions
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -91,28 +91,3 @@ def test_an_asynchronous_policy_under_torchrun_runs_its_server_on_rank_0(tmp_pat
     assert summary["iterations"] == 20 and summary["mean_c"] == 2.0
     rows = TraceStore(tmp_path / "traces").read()
     assert set(rows["world_size"].to_list()) == {3} and set(rows["worker"]) == {0, 1, 2}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
-def test_train_under_torchrun_trains_on_every_rank(tmp_path):
-    """The world size is --workers (no rank coordinates), rank 0 alone writes
-    the run directory and prints the summary."""
-    cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "3", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "bdsgd_cli", "train",
-           "--workers", "3", "--iterations", "12", "--policy", "static:2",
-           "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "run"),
-           "--stragglers", "synthetic:base_s=0.005", "--timeout", "60", "--json"]  # fmt: skip
-    node = run_in_session(cmd, timeout=300)
-    assert node.returncode == 0, failed_nodes([node])
-    lines = [line for line in node.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1
-    summary = json.loads(lines[0])
-    assert summary["iterations"] == 12
-    c = pl.read_parquet(tmp_path / "run" / "iterations.parquet").sort("iteration")["c"]
-    assert all(k >= 2 for k in c)  # static:2 (a ticket taken before the close is admitted too)
-    rows = TraceStore(tmp_path / "traces").read()
-    assert rows.height == 12 * 3 and set(rows["world_size"].to_list()) == {3}
-    censored = rows.group_by("iteration").agg(pl.col("censored").sum()).sort("iteration")
-    assert censored["censored"].to_list() == [3 - k for k in c]

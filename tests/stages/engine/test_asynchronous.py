@@ -12,12 +12,12 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from bdsgd.stages.engine.config import EngineConfig
 from bdsgd.stages.engine.launch import run_engine
 from bdsgd.stages.engine.resume import STATE_FILE
 from bdsgd.stages.policies.asynchronous import KAsync
 from bdsgd.stages.store import TraceStore
 
+from tests.stages.engine import engine_config as small_config
 from tests.stages.engine import exit_codes_of_workers, kill_worker_at, write_replay_trace
 
 SLOW_S, FAST_S = 0.3, 0.01
@@ -34,19 +34,11 @@ class RecordingKAsync(KAsync):
         self.observed.append((runtimes.copy(), censored.copy()))
 
 
-def engine_config(**overrides) -> EngineConfig:
-    values = dict(
-        workers=3,
-        iterations=24,
-        run_id="async-test",
-        source="train",
-        batch_size=8,
-        micro_batches=2,
-        record_batch=8,
-        timeout_s=60.0,  # start-up of three processes on a busy 2-core machine
-        hosts=("h0", "h1", "h2"),
-    )
-    return EngineConfig(**{**values, **overrides})
+def engine_config(**overrides):
+    """Three workers, 24 updates (start-up of three processes on a busy 2-core machine)."""
+    values = dict(workers=3, iterations=24, run_id="async-test", batch_size=8, micro_batches=2,
+                  record_batch=8, timeout_s=60.0, hosts=("h0", "h1", "h2"))  # fmt: skip
+    return small_config(**{**values, **overrides})
 
 
 @pytest.fixture(scope="module")
