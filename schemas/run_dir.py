@@ -3,7 +3,13 @@
 
     DIR/summary.json        {"kind": "train" | "simulate", "traces": PATH, "run_id": ...,
                              plus the command's JSON summary (SPEC), per policy for simulate}
-    DIR/iterations.parquet  one row per (policy, iteration), columns below
+    DIR/iterations.parquet  one row per (policy, iteration), columns below, written when the
+                            run ends
+    DIR/log/iterations-<k>.parquet
+                            the same rows, a segment per checkpoint of a run under way: each
+                            holds the rows since the one before, so a checkpoint writes its new
+                            rows and not the whole log; the run's end folds them into
+                            iterations.parquet
 
 Nullable columns are null where they do not apply (no loss in simulate, no prediction for a policy
 without a predictive distribution).
@@ -22,6 +28,7 @@ from bdsgd.stages.errors import BdsgdError, ConfigError
 
 SUMMARY = "summary.json"
 ITERATIONS = "iterations.parquet"
+SEGMENTS = "log"  # a run under way: its iteration log in segments
 RUN_DIR_VERSION = 1
 
 ITERATION_COLUMNS: tuple[pa.Field, ...] = (
@@ -67,12 +74,17 @@ def write_atomic(path: Path, data: bytes) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def write_run_dir(out: Path, summary: dict, iterations: pa.Table) -> None:
-    """Write both files of a run directory, each atomically."""
+def write_run_dir(out: Path, summary: dict, iterations: pa.Table | None) -> None:
+    """Write a run directory's summary and its whole iteration log (``iterations`` None: the
+    summary alone, the log being in segments), each atomically; the whole log replaces the
+    segments."""
     out.mkdir(parents=True, exist_ok=True)
-    sink = pa.BufferOutputStream()
-    pq.write_table(iterations, sink)
-    write_atomic(out / ITERATIONS, sink.getvalue().to_pybytes())
+    if iterations is not None:
+        sink = pa.BufferOutputStream()
+        pq.write_table(iterations, sink)
+        write_atomic(out / ITERATIONS, sink.getvalue().to_pybytes())
+        for segment in segment_paths(out):
+            segment.unlink(missing_ok=True)
     payload = {"run_dir_version": RUN_DIR_VERSION, **summary}
     write_atomic(out / SUMMARY, json.dumps(payload, indent=2, default=float).encode())
 
@@ -114,14 +126,49 @@ def written_as(marker: Path, kind: str) -> bool:
         return False
 
 
+def segment_paths(out: Path) -> list[Path]:
+    """The iteration-log segments of a run under way, in the order they were written."""
+    return sorted((Path(out) / SEGMENTS).glob("iterations-*.parquet"))
+
+
+def write_segment(out: Path, rows: pa.Table) -> None:
+    """Append ``rows`` to the run's iteration log as a segment of their own (atomically)."""
+    folder = Path(out) / SEGMENTS
+    folder.mkdir(exist_ok=True)
+    done = segment_paths(out)
+    k = int(done[-1].stem.split("-")[1]) + 1 if done else 0
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink)
+    write_atomic(folder / f"iterations-{k:06d}.parquet", sink.getvalue().to_pybytes())
+
+
+def read_iterations(path: Path) -> pa.Table:
+    """A run directory's iteration log: ``iterations.parquet`` and the segments written since,
+    a later row of an iteration replacing an earlier one (a run resumed from a checkpoint
+    writes again what it redoes)."""
+    parts = [p for p in [Path(path) / ITERATIONS, *segment_paths(path)] if p.is_file()]
+    if not parts:
+        raise FileNotFoundError(f"{path} holds no {ITERATIONS}")
+    tables = [pq.read_table(p) for p in parts]
+    if len(tables) == 1:
+        return tables[0]
+    table = pa.concat_tables([t.select(ITERATION_SCHEMA.names) for t in tables])
+    rows = table.to_pydict()
+    last = {}
+    for i, key in enumerate(zip(rows["policy"], rows["iteration"], strict=True)):
+        last[key] = i
+    keep = sorted(last.values())
+    return table.take(pa.array(keep)).sort_by("iteration")
+
+
 def read_run_dir(path: Path) -> tuple[dict, pa.Table]:
     """Read a run directory; a one-line BdsgdError if it is not one."""
     path = Path(path)
-    if not (path / SUMMARY).is_file() or not (path / ITERATIONS).is_file():
+    if not (path / SUMMARY).is_file() or not ((path / ITERATIONS).is_file() or segment_paths(path)):
         raise BdsgdError(f"{path} is not a bdsgd run directory (needs {SUMMARY} and {ITERATIONS})")
     try:
         summary = json.loads((path / SUMMARY).read_text())
-        table = pq.read_table(path / ITERATIONS)
+        table = read_iterations(path)
     except (ValueError, OSError, pa.ArrowException) as exc:
         raise BdsgdError(f"{path}: unreadable run directory ({str(exc).splitlines()[0]})") from None
     if table.num_rows == 0:

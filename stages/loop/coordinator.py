@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
-from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir
+from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir, write_segment
 from bdsgd.stages.errors import BdsgdError, first_line
 from bdsgd.stages.loop.config import LoopConfig, source_of, straggler_delays
 from bdsgd.stages.loop.relay import own_connection
@@ -84,6 +84,7 @@ class LoopCoordinator:
         self.censored: list[np.ndarray] = []
         self.log: dict[str, list] = {}
         self.logged_through = -1  # the last iteration in the log
+        self.log_written = 0  # rows of the log in the run directory (iterations or segments)
         self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
         self.rows_added = 0
         self.delay_columns: dict = {}  # rank -> its injected delays (cut ranks' rows)
@@ -124,6 +125,7 @@ class LoopCoordinator:
         checkpoint, before the run stopped) are not written again."""
         self.run_id = run_id
         self.log = earlier_log(self.cfg.out, t)
+        self.log_written = len(self.log.get("iteration", []))
         self.wall_offset = float(self.log["wall_s"][-1]) if self.log.get("wall_s") else 0.0
         self.logged_through = t - 1
         self.skip_through = last_iteration_on_disk(self.cfg.traces, run_id)
@@ -370,7 +372,14 @@ class LoopCoordinator:
             return
         summary = {**self.summary(), "complete": final}
         try:
-            write_run_dir(out, summary, iterations_table(self.log))
+            if final:  # the whole log, once
+                write_run_dir(out, summary, iterations_table(self.log))
+            else:  # a checkpoint writes the rows since the last one
+                new = {k: v[self.log_written :] for k, v in self.log.items()}
+                if new.get("iteration"):
+                    write_segment(out, iterations_table(new))
+                write_run_dir(out, summary, None)
+            self.log_written = len(self.log["iteration"])
         except OSError as exc:
             raise BdsgdError(f"cannot write run directory {out}: {first_line(exc)}") from None
 
