@@ -75,6 +75,9 @@ class LoopConfig:
     explore: float = 0.0
     """Share of iterations in which a learning policy waits for every rank (uncensored
     observations of the tail)."""
+    check_every: int = 100
+    """Every this many iterations the ranks compare a checksum of their parameters in the
+    all-reduce; ranks that differ end the run with one line (0: never)."""
     broadcast_buffers: bool = True
     """After every all-reduce every rank's buffers (BatchNorm's running statistics) take rank
     0's values, as DDP's ``broadcast_buffers``: identical parameters and buffers on every rank
@@ -97,6 +100,8 @@ class LoopConfig:
             raise ConfigError(f"overhead_s must be a finite number >= 0, got {self.overhead_s}")
         if not 0.0 <= self.explore < 1.0:
             raise ConfigError(f"explore must be in [0, 1), got {self.explore}")
+        if self.check_every < 0:
+            raise ConfigError(f"check_every must be >= 0, got {self.check_every}")
         if self.record_every < 1:
             raise ConfigError(f"record_every must be at least 1, got {self.record_every}")
         if self.coordinator_rank < 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import struct
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -45,8 +46,9 @@ from bdsgd.stages.safe_load import load_plain, save_atomic
 from bdsgd.stages.wire import keys as P
 from bdsgd.stages.wire.report import WorkerReport
 
-STATS = 6  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned
-# samples, ranks that asked the job to stop, admitted ranks' squared gradient norms (noise scale)
+STATS = 7  # slots after the gradient: samples, admitted ranks, admitted loss sum, planned
+# samples, ranks that asked the job to stop, admitted ranks' squared gradient norms (noise scale),
+# the ranks' parameter checksums (every check_every iterations)
 CHECKPOINT_VERSION = 1
 
 
@@ -418,6 +420,8 @@ class Cutoff:
                     view.copy_(p.grad)
         samples = it.samples if contributes else 0.0
         own_sq = mean_sq_norm(flat[:numel], it.samples) if admitted and self.needs_noise else 0.0
+        checking = self.cfg.check_every > 0 and it.t % self.cfg.check_every == 0
+        checksum = parameter_checksum(self.params, self.world) if checking else 0.0
         flat[numel:] = torch.tensor(
             [
                 samples,
@@ -426,6 +430,7 @@ class Cutoff:
                 it.planned(),
                 float(self.stop_requested),
                 own_sq,
+                checksum,
             ],  # fmt: skip
             dtype=flat.dtype,
         )
@@ -433,6 +438,10 @@ class Cutoff:
         if self.buffers:  # (DDP's broadcast_buffers: every rank takes rank 0's running stats)
             broadcast_buffers(self.buffers)
         stats = flat[numel:].tolist()
+        if checking and stats[6] != checksum * self.world:
+            raise BdsgdError(f"the ranks' parameters differ before iteration {it.t} (their "
+                             "checksums disagree): a rank stepped apart; resume every rank from "
+                             "the last checkpoint")  # fmt: skip
         total = stats[0]
         if total > 0:
             flat[:numel].div_(total)
@@ -676,6 +685,15 @@ def batch_size(batch) -> int:
 
 
 @torch.no_grad()
+def parameter_checksum(params: list[torch.Tensor], world: int) -> float:
+    """Low bits of the float64 sum of every parameter, as a float: identical parameters give
+    the same value on every rank, and their sum over ``world`` ranks is exact even in float32
+    (below 2^24)."""
+    total = sum(float(p.detach().double().sum()) for p in params)
+    bits = max(4, 23 - world.bit_length())
+    return float(struct.unpack("<q", struct.pack("<d", total))[0] & ((1 << bits) - 1))
+
+
 def mean_sq_norm(summed: torch.Tensor, samples: float) -> float:
     """The squared norm of a rank's mean gradient, from its gradient summed over ``samples``."""
     if samples <= 0:

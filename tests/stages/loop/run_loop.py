@@ -33,6 +33,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--batchnorm", action="store_true", help="a BatchNorm layer in the model")
     ap.add_argument("--fill", help="rank 0 fills the disk holding this folder before its save")
+    ap.add_argument("--check-every", type=int, default=100)
+    ap.add_argument("--diverge-at", type=int, help="rank 1 moves a parameter after this step")
     ap.add_argument("--no-broadcast-buffers", action="store_true")
     ap.add_argument("--single", action="store_true", help="one process, no bdsgd: the reference")
     ap.add_argument("--device", default="cpu")
@@ -102,6 +104,7 @@ def distributed(args) -> None:
     model, opt, sched = setup(device=args.device, batchnorm=args.batchnorm)
     cut = bdsgd.Cutoff(model, policy=args.policy, micro_batches=args.micro_batches,
                        broadcast_buffers=not args.no_broadcast_buffers,
+                       check_every=args.check_every,
                        salvage=args.salvage, stragglers=args.stragglers, out=args.out,
                        cut_relay=True if args.cut_relay else None,
                        traces=args.traces, timeout_s=120)  # fmt: skip
@@ -121,6 +124,9 @@ def distributed(args) -> None:
         cut.step(opt)
         sched.step()
         clear_grads(model, opt, modes[step % len(modes)])
+        if step == args.diverge_at and rank == 1:
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
         seen["samples"].append(cut.last.samples)
         seen["admitted"].append(cut.last.admitted)
         seen["cut"].append(cut.last.cut)

@@ -178,6 +178,18 @@ def test_a_batchnorm_model_ends_with_the_same_state_on_every_rank(tmp_path, broa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ranks_whose_parameters_part_end_with_the_same_line(tmp_path):
+    """Rank 1 moves a parameter after step 1: the checksums compared at step 2 disagree and
+    every rank ends with the same one line."""
+    results = run_ranks(2, "--steps", "6", "--check-every", "2", "--diverge-at", "1",
+                        "--result", str(tmp_path / "r"))  # fmt: skip
+    lines = [out.strip().splitlines()[-1].split("]: ", 1)[-1] for _, out in results]
+    assert all(rc != 0 for rc, _ in results)
+    assert lines[0] == lines[1] and "parameters differ before iteration 2" in lines[0], lines
+
+
+@pytest.mark.slow
 def test_a_bad_policy_is_one_error_on_every_rank(tmp_path):
     results = run_ranks(2, "--policy", "nonsense", "--result", str(tmp_path / "r"))
     for rc, out in results:
