@@ -45,15 +45,15 @@ class StepsType(click.ParamType):
     type=StepsType(),
     default="auto",
     show_default=True,
-    help="Most SVI steps; auto: from 200 for a few hundred run-times to 2000 for about 50,000 "
-    "and more (about 9 per square root of the run-times trained on).",
+    help="Most SVI steps; auto: about 9 per square root of the run-times trained on, from 500 "
+    "(up to a few thousand run-times) to 2000 (about 50,000 and more).",
 )
 @click.option(
     "--early-stop/--no-early-stop",
     default=True,
     show_default=True,
     help="Stop when the ELBO of the first half of the held-out part stops improving, and keep "
-    "the weights of its best check.",
+    "the weights of its best check (where that part holds at least 1,000 run-times).",
 )
 @options.seed
 @click.option(

@@ -7,6 +7,11 @@ evaluation), the load average after it (the CPU seconds grow with it on a shared
 the held-out one-step-ahead NLL of the model and the ``window``/``ewma`` baselines.
 
 Reproduce: ``.venv/bin/python -c "from benchmarks.bench_fit import run; print(run())"``
+
+:func:`profile_fit` fits the profile a user takes of a small job (:func:`straggling_job`: 4
+ranks x 120 iterations, one rank 2.5x slower, 0.6 s spells) and scores the model on the job's
+next run, from its first iteration:
+``.venv/bin/python -c "from benchmarks.bench_fit import profile_fit; print(profile_fit())"``
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bdsgd.stages.fit import FitConfig, run_fit
-from bdsgd.stages.store import TraceStore
+from bdsgd.stages.fit import AUTO_MAX_STEPS, FitConfig, run_fit
+from bdsgd.stages.model.checkpoint import load_checkpoint
+from bdsgd.stages.model.evaluate import PitCollector, baseline_log_lik, model_log_lik
+from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
 from bdsgd.stages.stragglers import SyntheticCluster
 
 CASES = {
@@ -83,7 +90,7 @@ def write_cluster(
     )
 
 
-def measure(name: str, workers: int, iterations: int, steps: int) -> dict:
+def measure(name: str, workers: int, iterations: int, steps: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store = TraceStore(Path(tmp) / "traces")
         write_cluster(store, CASES[name], workers, iterations)
@@ -120,6 +127,51 @@ def fit_cpu_s(workers: int, iterations: int, steps: int) -> float:
         return time.process_time() - began
 
 
+def _store_of(path: Path, x: np.ndarray, hosts: list[str], run_id: str) -> TraceStore:
+    store = TraceStore(path)
+    full = np.ones(x.shape, dtype=bool)
+    store.append(matrix_rows(RunMatrix(run_id, x, ~full, full, tuple(hosts))))
+    return store
+
+
+def next_run_scores(checkpoint: Path, x: np.ndarray, hosts: list[str], samples: int = 256) -> dict:
+    """The fitted model on a new run of the same job, from its first iteration (as ``train``
+    meets it): NLL per run-time of the model and the baselines, and the PIT KS of its T x N
+    run-times and T x_(c)."""
+    ckpt = load_checkpoint(checkpoint)
+    full = np.ones(x.shape, dtype=bool)
+    run = RunMatrix("next", x, ~full, full, tuple(hosts))
+    pits = PitCollector()
+    model = model_log_lik(ckpt, run, 0, samples, 0, pits, 0)
+    window, ewma = baseline_log_lik(run, 0)
+    summary = pits.summary()
+    return {
+        "nll": -model / x.size,
+        "window": -window / x.size,
+        "ewma": -ewma / x.size,
+        "runtime_ks": summary["runtime"]["ks"],
+        "runtime_count": summary["runtime"]["count"],
+        "order_ks": summary["order_stat"]["ks"],
+        "order_count": summary["order_stat"]["count"],
+    }
+
+
+def profile_fit(seed: int = 0, iterations: int = 120, workers: int = 4, **fit_kwargs) -> dict:
+    """``fit`` (defaults but ``fit_kwargs``) of a profile of :func:`straggling_job`: its wall
+    seconds, its own held-out figures, and :func:`next_run_scores` on the job's next run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        x, hosts = straggling_job(seed, iterations, workers)
+        store = _store_of(Path(tmp) / "traces", x, hosts, "profile")
+        config = FitConfig(traces=store.path, checkpoint=Path(tmp) / "m.pt", progress=False,
+                           **fit_kwargs)  # fmt: skip
+        began = time.perf_counter()
+        result = run_fit(config)
+        wall_s = time.perf_counter() - began
+        following, _ = straggling_job(seed + 1000, iterations, workers)
+        return {"wall_s": wall_s, "load": os.getloadavg()[0], **result.to_json(),
+                "next_run": next_run_scores(config.checkpoint, following, hosts)}  # fmt: skip
+
+
 def cost_row(workers: int, short: int = 200, steps: int = 12) -> dict:
     """The CPU cost of an SVI step and of a trace iteration at ``workers``: fits with 2 and
     ``steps`` steps of ``short`` iterations, and with 2 steps of twice as many."""
@@ -132,7 +184,7 @@ def cost_row(workers: int, short: int = 200, steps: int = 12) -> dict:
 
 def cost_table(sizes: tuple[int, ...] = (32, 256, 1024)) -> list[str]:
     """Markdown rows: fit CPU cost against N, and the default fit predicted at T = 500, 2,000."""
-    steps = FitConfig(traces=Path("."), checkpoint=Path(".")).steps
+    steps = AUTO_MAX_STEPS  # the most a default fit plans
     lines = [
         "| N | CPU s per SVI step | CPU ms per trace iteration | default fit, T = 500 (CPU s) "
         "| default fit, T = 2,000 (CPU s) |",
@@ -149,7 +201,7 @@ def cost_table(sizes: tuple[int, ...] = (32, 256, 1024)) -> list[str]:
 
 def run(quick: bool = False) -> str:
     """Markdown section: fit time and held-out NLL, 32 workers x 2000 iterations (quick: 500)."""
-    steps = 100 if quick else FitConfig(traces=Path("."), checkpoint=Path(".")).steps
+    steps = 100 if quick else None  # None: the default (--steps auto, early stop)
     results = [measure(name, 32, 500 if quick else 2000, steps) for name in CASES]
     lines = [
         "## Fit (`bdsgd fit`, default settings)",

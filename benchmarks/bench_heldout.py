@@ -495,7 +495,7 @@ def run(quick: bool = False, flags: Flags = FIT_DEFAULTS) -> str:
         [
             "## Held-out replay (`bdsgd fit` on the first 80%, `bdsgd simulate --from-frac 0.8`)",
             "",
-            f"Ours: {iterations} iterations x {workers} workers per cluster, fit with {steps} "
+            f"Ours: {iterations} iterations x {workers} workers per cluster, fit with {steps or 'auto'} "
             "steps; the unlike clusters at their own sizes and steps (`UNLIKE`)"
             f"{flags}. oracle_ratio "
             "of each policy on the held-out 20% (see `benchmarks/bench_heldout.py` and "

@@ -616,6 +616,7 @@ def test_early_stop_stops_when_the_score_stops_improving_and_keeps_the_best_weig
         return value
 
     monkeypatch.setattr(fit.EarlyStop, "score", score)
+    monkeypatch.setattr(fit, "STOP_MIN_ENTRIES", 0)  # (the store's span holds 30 run-times)
     result = run_fit(_config(tmp_path, steps=1000))
     every = max(fit.STOP_MIN_EVERY, 1000 // fit.STOP_CHECKS)
     assert result.planned_steps == 1000
@@ -642,3 +643,12 @@ def test_early_stop_scores_only_the_held_out_span_with_a_fixed_draw(tmp_path):
     before = torch.random.get_rng_state()
     assert stop.score(model) == stop.score(model)
     assert torch.equal(before, torch.random.get_rng_state())  # training's stream untouched
+
+
+def test_a_small_profile_runs_its_planned_steps(tmp_path, monkeypatch):
+    """A stopping span of fewer than STOP_MIN_ENTRIES run-times is too noisy to stop on: a
+    score that never improves does not stop the fit."""
+    _store(tmp_path / "traces", workers=5, iterations=60)
+    monkeypatch.setattr(fit.EarlyStop, "score", lambda self, model: 1.0)
+    result = run_fit(_config(tmp_path, steps=100))
+    assert result.steps == result.planned_steps == 100
