@@ -24,7 +24,7 @@ from bdsgd.schemas.run_dir import iterations_table, write_run_dir
 from bdsgd.stages.capacity import check_capacity
 from bdsgd.stages.console import console, progress
 from bdsgd.stages.engine.base import STATE_VERSION, StopRun
-from bdsgd.stages.engine.config import LR_SCALINGS, EngineConfig, engine_config
+from bdsgd.stages.engine.config import EngineConfig, engine_config
 from bdsgd.stages.engine.launch import (
     EngineResult,
     check_asynchronous,
@@ -33,6 +33,7 @@ from bdsgd.stages.engine.launch import (
 )
 from bdsgd.stages.engine.resume import STATE_FILE, state_path, with_whole_log
 from bdsgd.stages.errors import BdsgdError, CheckpointError, ConfigError
+from bdsgd.stages.loop.config import LR_SCALINGS
 from bdsgd.stages.policies.base import Policy, observe_run
 from bdsgd.stages.policies.registry import make_policy
 from bdsgd.stages.policies.selfcheck import lean_message, self_check_report

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 from bdsgd.stages.errors import ConfigError
+from bdsgd.stages.loop.config import LR_SCALINGS, lr_factor, lr_rule
 
 DEVICES = ("auto", "cpu", "cuda")
-LR_SCALINGS = ("auto", "linear", "sqrt", "none", "adascale")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,5 +78,4 @@ def scaled_lr(cfg: EngineConfig, n: float, live: int, gain: float | None = None)
     ratio = n / max(live, 1)
     if cfg.lr_scaling == "adascale":
         return cfg.lr * (gain if gain is not None else ratio)
-    rule = "linear" if cfg.lr_scaling == "auto" else cfg.lr_scaling  # (the server steps SGD)
-    return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
+    return cfg.lr * lr_factor(lr_rule(cfg.lr_scaling, "SGD"), ratio)  # (the server steps SGD)

@@ -1,0 +1,101 @@
+"""The workflow the docs give a user, end to end on an emulated job of 4 CPU ranks: profile it
+with ``full`` (120 iterations), ``bdsgd fit`` with its defaults, then ``bdsgd train`` under every
+simple policy and ``bdsgd``, one after another on the same job (another seed of its delays than
+the profile's).
+
+The jobs (``--stragglers job:PRESET``, docs/stragglers.md): ``slow_rank`` (4 micro-batches of
+0.04 s, rank 0 2.5x slower, a 0.6 s spell per rank and step with probability 0.08), and its
+siblings ``two_slow``, ``host_spells`` and ``late_slowdown``. ``time_to_loss`` is the wall-clock
+time to the smoothed training loss ``full`` ends at (``full`` is plain DDP's step: the library
+measures and cuts nothing under it).
+
+    python -m benchmarks.bench_job --presets slow_rank,two_slow,host_spells --iterations 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from bdsgd.stages.fit import FitConfig, run_fit
+from bdsgd.stages.profile import ProfileConfig, run_profile
+from bdsgd.stages.smoothing import SmoothedLoss, time_to_loss
+from bdsgd.stages.train import TrainConfig, run_train
+
+RANKS = 4
+POLICIES = ("full", "static:3", "static:2", "ecdf", "ewma", "bdsgd")
+COMMON = dict(workload="cnn", batch_size=32, micro_batches=4, allow_oversubscribe=True)
+
+
+def profile_and_fit(root: Path, spec: str, iterations: int = 120) -> tuple[Path, str]:
+    """The documented start: a profile under ``full``, then the default fit; a line on it."""
+    run_profile(ProfileConfig(workers=RANKS, iterations=iterations, traces=root / "profile",
+                              stragglers=spec, seed=0, **COMMON))  # fmt: skip
+    began = time.perf_counter()
+    fit = run_fit(FitConfig(traces=root / "profile", checkpoint=root / "model.pt", progress=False))
+    note = (
+        f"fit {time.perf_counter() - began:.0f} s, val_nll {fit.val_nll:.3f} (window "
+        f"{fit.baseline_nll['window']:.3f}, ewma {fit.baseline_nll['ewma']:.3f})"
+    )
+    return root / "model.pt", note
+
+
+def train(root: Path, spec: str, policy: str, iterations: int, ckpt: Path) -> tuple[dict, dict]:
+    cfg = TrainConfig(workers=RANKS, iterations=iterations, policy=policy,
+                      traces=root / "traces", out=root / f"run-{policy.replace(':', '')}",
+                      checkpoint=ckpt if policy.startswith("bdsgd") else None,
+                      stragglers=spec, seed=1, **COMMON)  # fmt: skip
+    summary = run_train(cfg)
+    return summary, pq.read_table(cfg.out / "iterations.parquet").to_pydict()
+
+
+def final_smoothed(log: dict) -> float:
+    smooth = SmoothedLoss()
+    for loss in log["loss"]:
+        smooth.add(loss)
+    return float(smooth.value)
+
+
+def job_table(root: Path, preset: str, iterations: int) -> list[str]:
+    spec = f"job:{preset}"
+    ckpt, note = profile_and_fit(root, spec)
+    runs = {p: train(root, spec, p, iterations, ckpt) for p in POLICIES}
+    target = final_smoothed(runs["full"][1])
+    ddp = time_to_loss(runs["full"][1], target)
+    lines = [f"### `{spec}`: {note}; target loss {target:.3f} (`full` after {iterations})", "",
+             "| policy | s/iteration | mean c | throughput (grad/s) | time to target (s) | "
+             "vs full | final loss | decision ms p50 / p99 |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for policy, (s, log) in runs.items():
+        ttl = time_to_loss(log, target)
+        speedup = "-" if ttl is None or not ddp else f"{ddp / ttl:.2f}x"
+        lines.append(
+            f"| {policy} | {np.mean(log['iteration_s']):.3f} | {s['mean_c']:.2f} | "
+            f"{s['throughput']:.2f} | {'-' if ttl is None else f'{ttl:.1f}'} | {speedup} | "
+            f"{s['final_loss']:.3f} | {s['decision_ms_p50']:.2f} / {s['decision_ms_p99']:.2f} |"
+        )
+    return lines
+
+
+def run(quick: bool = False, presets: str = "slow_rank,two_slow,host_spells") -> str:
+    iterations = 80 if quick else 200
+    lines = ["## A user's job, profile -> fit -> train (`benchmarks/bench_job.py`)", ""]
+    for preset in presets.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            lines += job_table(Path(tmp), preset, iterations) + [""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--presets", default="slow_rank,two_slow,host_spells")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    print(run(args.quick, args.presets))
+
+
+if __name__ == "__main__":
+    main()
