@@ -6,7 +6,12 @@ would (see :func:`policy_censored`: the model is used on censored data, so it le
 :mod:`bdsgd.stages.model.recalibrate` measures on the first half of the held-out part how much
 slowdown all workers share beyond what the model predicts (so that x_(c) is calibrated), then
 :mod:`bdsgd.stages.model.evaluate` scores the
-held-out part for the model and the ``window``/``ewma`` baselines, and the checkpoint is written.
+held-out part for the model and the ``window``/``ewma`` baselines, :func:`assess` marks the
+model unusable where those scores say a policy should not lean on it (``usable`` in the
+checkpoint's summary, with one line on stderr), and the checkpoint is written. The steps scale
+with the data (:func:`auto_steps`) and training stops early when the ELBO of the held-out
+part's first half stops improving (:class:`EarlyStop`); a store whose runs are all shorter
+than :data:`MIN_ITERATIONS` is refused.
 Runs recorded under an asynchronous policy (``async``, ``adasync``, ``k-async:K``) are skipped
 with a note: their rows count each worker's own computations, not iterations begun together.
 """
