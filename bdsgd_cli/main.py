@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-# c10d logs a warning for every store wait that times out, and the engine's early-ending delays
+# c10d logs a warning for every store wait that times out, and the ranks' early-ending delays
 # time out by design; this must be set before torch is imported.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 

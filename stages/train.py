@@ -316,14 +316,14 @@ def computations_per_worker(updates: int, workers: int) -> int:
 
 
 def load_state(run_dir: Path) -> dict:
-    """The engine's resume state in a run directory (tensors and plain values only)."""
+    """The parameter server's resume state in a run directory (tensors and plain values only)."""
     path = state_path(run_dir)
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume")
-    state = load_plain(path, "engine checkpoint")
+    state = load_plain(path, "parameter-server checkpoint")
     if state.get("version") != STATE_VERSION:
         raise CheckpointError(
-            f"{path}: not a bdsgd engine checkpoint of version "
+            f"{path}: not a bdsgd parameter-server checkpoint of version "
             f"{STATE_VERSION} (written by another bdsgd: start "
             "a new run)"
         )
@@ -331,7 +331,7 @@ def load_state(run_dir: Path) -> dict:
 
 
 def check_resumable(state: dict, cfg: TrainConfig, engine: EngineConfig, policy: Policy) -> None:
-    """The checkpoint was written by the engine variant this run would use, for as many workers
+    """The checkpoint was written by the parameter server, for as many workers
     as the config says, enough of them alive, and iterations are left to run (a finished run is
     not run again: its summary stays)."""
     path, kind = state_path(cfg.out), "async"
@@ -434,7 +434,7 @@ def summarize(
     if result.dead_workers:
         console.print(f"[yellow]workers {sorted(result.dead_workers)} died and were excluded[/]")
     console.print(
-        f"{summary['policy']} ({summary['engine']} engine): {summary['throughput']:.1f} gradients/s, mean c "
+        f"{summary['policy']} (parameter server): {summary['throughput']:.1f} gradients/s, mean c "
         f"{summary['mean_c']:.2f}, final loss {summary['final_loss'] or float('nan'):.3f}, "
         f"{summary['rows_appended']} rows appended to {cfg.traces}, run in {cfg.out}"
     )
