@@ -260,7 +260,7 @@ def run_fit(config: FitConfig) -> FitResult:
         torch.set_num_threads(threads)
     fitted = _marked(fitted, runs)
     if not fitted.result.usable:
-        console.print(f"fit: {fitted.result.unusable_reason}")
+        console.print(f"fit: {fitted.result.unusable_reason}", soft_wrap=True)  # one line
     save_checkpoint(config.checkpoint, fitted.checkpoint)
     return dataclasses.replace(fitted.result, fit_s=time.perf_counter() - began)
 
