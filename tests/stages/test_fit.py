@@ -652,3 +652,32 @@ def test_a_small_profile_runs_its_planned_steps(tmp_path, monkeypatch):
     monkeypatch.setattr(fit.EarlyStop, "score", lambda self, model: 1.0)
     result = run_fit(_config(tmp_path, steps=100))
     assert result.steps == result.planned_steps == 100
+
+
+def test_fit_and_refit_share_one_progress_bar(tmp_path, monkeypatch):
+    """The refit's steps are added to the bar the first fit began (one bar for the whole fit):
+    both ``_fit`` calls get the same bar, whose total is the steps of both."""
+    _store(tmp_path / "traces", workers=4, iterations=1000)
+    real, bars = fit._fit, []
+
+    def spied(config, runs, prior, bar=None):
+        bars.append(bar)
+        return real(config, runs, prior, bar)
+
+    monkeypatch.setattr(fit, "_fit", spied)
+    result = run_fit(_config(tmp_path, auto_host_ks=0.0, eval_samples=8))
+    assert result.auto_host is not None and len(bars) == 2
+    assert bars[0] is bars[1] and isinstance(bars[0], fit.FitBar)
+    task = bars[0].progress.tasks[0]
+    assert task.total == task.completed == 2 * 8
+
+
+def test_the_bar_counts_the_steps_planned_less_those_an_early_stop_left():
+    with fit.FitBar(enabled=False) as bar:
+        bar.plan(100)
+        for _ in range(40):
+            bar.step(-1.0)
+        bar.unplan(60)
+        bar.plan(200)
+        task = bar.progress.tasks[0]
+        assert (task.total, task.completed) == (240, 40)
