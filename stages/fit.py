@@ -536,8 +536,9 @@ def stopping_windows(runs: list[RunMatrix], config: FitConfig, tensors) -> list[
     """(windows, mask) batches that score the stopping span of each run: the first half of its
     held-out part (:func:`recalibration_spans`), cut in blocks of half a window, each scored at
     the end of a window (up to ``config.window`` iterations) of what precedes it, so that the
-    guide has filtered into it. ``tensors``: a run -> its :class:`RunTensors`. The mask (B, L)
-    is 1 at the scored iterations."""
+    guide has filtered into it; with ``config.step_workers``, on a subsample of whole hosts
+    drawn once, as a training step sees them. ``tensors``: a run -> its :class:`RunTensors`.
+    The mask (B, L) is 1 at the scored iterations."""
     out = []
     for run, (begin, end) in zip(runs, recalibration_spans(runs, config.holdout), strict=True):
         if begin < 2 or end <= begin:
@@ -558,7 +559,10 @@ def stopping_windows(runs: list[RunMatrix], config: FitConfig, tensors) -> list[
             mask[i, block - first : last - first] = 1.0
         idx = torch.as_tensor(starts)[:, None] + torch.arange(length)[None, :]
         fields = {name: getattr(data, name)[idx] for name in PER_ENTRY}
-        out.append((dataclasses.replace(data, **fields), mask))
+        windows = dataclasses.replace(data, **fields)
+        if config.step_workers:  # the hosts a step sees, drawn once: a check costs a step
+            windows = subsample_hosts(windows, config.step_workers, np.random.default_rng(0))
+        out.append((windows, mask))
     return out
 
 

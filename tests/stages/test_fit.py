@@ -643,6 +643,11 @@ def test_early_stop_scores_only_the_held_out_span_with_a_fixed_draw(tmp_path):
     before = torch.random.get_rng_state()
     assert stop.score(model) == stop.score(model)
     assert torch.equal(before, torch.random.get_rng_state())  # training's stream untouched
+    # with --step-workers, the hosts a training step would see (drawn once)
+    sub = dataclasses.replace(config, step_workers=2)
+    ((batch, _),) = fit.stopping_windows(runs, sub, lambda r: to_tensors(
+        r, Normaliser.fit([r]), torch.arange(1, 5), torch.tensor([1, 2, 1, 2])))  # fmt: skip
+    assert batch.y.shape[2] == 2 and batch.weight == 2.0
 
 
 def test_a_small_profile_runs_its_planned_steps(tmp_path, monkeypatch):
