@@ -97,6 +97,20 @@ def test_negative_elbo_is_pyros_loss_to_the_bit_with_its_gradients():
     assert any(g.abs().sum() > 0 for g in our_grads)
 
 
+def test_step_elbo_sums_to_the_negative_elbo_at_the_same_draw():
+    """``step_elbo`` splits the ELBO by iteration (what fit's early stop scores the held-out
+    span by): its terms sum to ``-negative_elbo`` from the same random draw."""
+    model = RuntimeModel(ModelConfig(num_workers=4, num_hosts=2, z_dim=4, hidden=16))
+    batch = _window(4)
+    with torch.no_grad():
+        pyro.set_rng_seed(3)
+        total = model.negative_elbo(batch)
+        pyro.set_rng_seed(3)
+        terms = model.step_elbo(batch)
+    assert terms.shape == (3, 10) and torch.isfinite(terms).all()
+    torch.testing.assert_close(terms.sum(), -total, rtol=1e-5, atol=1e-3)
+
+
 def _per_step_elbo(model: RuntimeModel, batch, path: torch.Tensor) -> torch.Tensor:
     """The ELBO at the guide's ``path`` written one step at a time: the emission's
     log-likelihood minus sum_t KL(q(z_t | z_{t-1}, h_t) || p(z_t | z_{t-1}))."""
