@@ -134,7 +134,7 @@ def segment_paths(out: Path) -> list[Path]:
 def write_segment(out: Path, rows: pa.Table) -> None:
     """Append ``rows`` to the run's iteration log as a segment of their own (atomically)."""
     folder = Path(out) / SEGMENTS
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     done = segment_paths(out)
     k = int(done[-1].stem.split("-")[1]) + 1 if done else 0
     sink = pa.BufferOutputStream()

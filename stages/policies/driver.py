@@ -76,13 +76,14 @@ class IterationDriver:
 
     def arrive(self, worker: int, runtime_s: float, revise: bool = True) -> bool:
         """A gradient of ``worker`` with ``runtime_s`` is in; True when the iteration ends here.
-        An online policy is asked to revise c at every arrival but the last possible one (not
-        with ``revise=False``: an arrival admitted after the cut, or not the last of a batch);
-        the present is the longest run-time in so far."""
+        The arrival of the c standing before it ends the iteration (in training the rank that
+        takes that ticket cuts the others at once); before, an online policy is asked to revise
+        c at every arrival (not with ``revise=False``: an arrival admitted after the cut, or not
+        the last of a batch); the present is the longest run-time in so far."""
         self.arrived[worker], self.runtimes[worker] = True, max(runtime_s, MIN_RUNTIME_S)
         self.order.append(worker)
         k, live = len(self.order), int(self.live.sum())
-        if k >= live:
+        if k >= live or k >= self.target:  # the standing c arrived: its holder cut (the loop's)
             return True
         if self.policy.online and revise:
             self.latest = float(self.runtimes[self.arrived].max())

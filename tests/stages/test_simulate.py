@@ -295,23 +295,29 @@ class OnlineRecorder(Recorder):
         return self.revised
 
 
-@pytest.mark.parametrize("c, revised", [(3, 1), (1, 3)])
-def test_an_online_policy_ends_the_iteration_at_its_revised_c(c, revised):
+@pytest.mark.parametrize(
+    ("c", "revised", "ends", "asked"), [(3, 1, 1, 1), (2, 3, 3, 2), (1, 3, 1, 0)]
+)
+def test_an_online_policy_ends_the_iteration_at_its_revised_c(c, revised, ends, asked):
+    """A revision moves the c that stands; the arrival of the standing c ends the iteration
+    unasked (in training the rank that takes that ticket cuts): c = 1 cannot be raised at the
+    first arrival, c = 2 raised to 3 at the first ends at the third."""
     run = as_run(np.array([[4.0, 1.0, 3.0, 2.0]]))
     policy = OnlineRecorder(c, revised)
     result = replay(policy, run, 0, 0.0)
-    assert result.columns["c"] == [revised]
-    assert result.columns["iteration_s"] == [float(revised)]  # the revised c-th arrival
-    # asked at each arrival with exactly the workers in so far, up to the one that ended it,
+    assert result.columns["c"] == [ends]
+    assert result.columns["iteration_s"] == [float(ends)]  # the ending arrival's run-time
+    # asked at each arrival before the one that ended it, with exactly the workers in so far,
     # and in between at ticks (0.05 s after an arrival, doubling) with the same workers in
     arrivals = [call for i, call in enumerate(policy.calls)
                 if i == 0 or call[1].sum() != policy.calls[i - 1][1].sum()]  # fmt: skip
-    assert [now for now, _ in arrivals] == [1.0, 2.0, 3.0][:revised]
-    assert [a.sum() for _, a in arrivals] == list(range(1, revised + 1))
+    assert [now for now, _ in arrivals] == [1.0, 2.0, 3.0][:asked]
+    assert [a.sum() for _, a in arrivals] == list(range(1, asked + 1))
     ticks = [now for now, a in policy.calls if a.sum() == 1]
-    assert ticks == pytest.approx([1.0, 1.05, 1.1, 1.2, 1.4, 1.8][: len(ticks)]) and ticks
+    assert ticks == pytest.approx([1.0, 1.05, 1.1, 1.2, 1.4, 1.8][: len(ticks)])
+    assert bool(ticks) == (asked > 0)
     runtimes, censored = policy.seen[0]
-    assert censored.sum() == 4 - revised and np.all(runtimes[censored] == float(revised))
+    assert censored.sum() == 4 - ends and np.all(runtimes[censored] == float(ends))
 
 
 @pytest.mark.parametrize("terminal", [True, False])
