@@ -45,7 +45,7 @@ class StepsType(click.ParamType):
     type=StepsType(),
     default="auto",
     show_default=True,
-    help="Most SVI steps; auto: about 9 per square root of the run-times trained on, from 500 "
+    help="Most SVI steps; auto: about 9 per square root of the run-times trained on, from 400 "
     "(up to a few thousand run-times) to 2000 (about 50,000 and more).",
 )
 @click.option(

@@ -272,6 +272,9 @@ score a fit on."""
 PROFILE_ITERATIONS = 120
 """The shortest profile ``fit`` recommends (docs/faq.md): two and a half training windows of
 48 iterations, and a held-out part of 24 to recalibrate and score on."""
+MIN_SCORED_ITERATIONS = 10
+"""Fewer held-out iterations scored for calibration than this: the model is marked unusable
+(:func:`assess`); a run of 100 iterations has 10 with the default ``holdout``."""
 USABLE_KS = 0.1
 """A held-out PIT KS distance at or under this never marks a model unusable (:func:`assess`)."""
 USABLE_KS_P = 0.005
@@ -290,6 +293,17 @@ def check_enough(runs: list[RunMatrix]) -> None:
         )
 
 
+def scored_iterations(runs: list[RunMatrix], holdout: float) -> int:
+    """The iterations whose calibration a fit reports: the second half of each run's held-out
+    part (``evaluate``'s ``calibration_skip=0.5``)."""
+    scored = 0
+    for run in runs:
+        t = run.shape[0]
+        start = split(t, holdout)
+        scored += t - (start + int(0.5 * (t - start)))
+    return scored
+
+
 def ks_bar(count: int) -> float:
     """The PIT KS distance above which :func:`assess` calls ``count`` held-out values
     uncalibrated: :data:`USABLE_KS`, or what a calibrated predictive exceeds with chance
@@ -297,14 +311,19 @@ def ks_bar(count: int) -> float:
     return max(USABLE_KS, float(smirnovi(max(count, 1), USABLE_KS_P)))
 
 
-def assess(result: FitResult, runs: list[RunMatrix]) -> str | None:
+def assess(result: FitResult, runs: list[RunMatrix], holdout: float = 0.2) -> str | None:
     """Why the fitted model is not fit for a policy to lean on, in one line, or None: its
-    held-out NLL is not finite or worse than the ``window`` baseline's, or the held-out PIT KS
-    of the run-times or of x_(c) is above :func:`ks_bar` of its count. A fit without a held-out
-    part is not assessed."""
+    held-out NLL is not finite or worse than the ``window`` baseline's, the held-out PIT KS of
+    the run-times or of x_(c) is above :func:`ks_bar` of its count, or the calibration scored
+    fewer than :data:`MIN_SCORED_ITERATIONS` iterations (too few to tell). A fit without a
+    held-out part is not assessed."""
     if result.val_nll is None:
         return None
     problems = []
+    scored = scored_iterations(runs, holdout)
+    if scored < MIN_SCORED_ITERATIONS:
+        problems.append(f"its calibration scored {scored} held-out iterations, too few to tell "
+                        f"(at least {MIN_SCORED_ITERATIONS})")  # fmt: skip
     window = result.baseline_nll["window"]
     if not math.isfinite(result.val_nll) or result.val_nll > window:
         problems.append(f"held-out NLL {result.val_nll:.3f} is worse than the pooled window's "
@@ -327,7 +346,7 @@ def assess(result: FitResult, runs: list[RunMatrix]) -> str | None:
 def _marked(fitted: Fitted, runs: list[RunMatrix]) -> Fitted:
     """``fitted`` with :func:`assess`'s verdict in its result and in its checkpoint's summary
     (``usable``, ``unusable_reason``: :attr:`Checkpoint.usable`)."""
-    reason = assess(fitted.result, runs)
+    reason = assess(fitted.result, runs, fitted.checkpoint.fit_config["holdout"])
     mark = {"usable": reason is None, "unusable_reason": reason}
     ckpt = dataclasses.replace(fitted.checkpoint, summary={**fitted.checkpoint.summary, **mark})
     return Fitted(ckpt, dataclasses.replace(fitted.result, **mark))
@@ -491,10 +510,10 @@ def _fit(
     return Fitted(ckpt, result)
 
 
-AUTO_MIN_STEPS = 500
+AUTO_MIN_STEPS = 400
 """The fewest steps :func:`auto_steps` plans (up to a few thousand run-times): on a 4-rank
 profile of 120 iterations, 200 steps left the predictive of the job's next run off (PIT KS
-0.18 over its 480 run-times) where 500 did not (0.05), docs/decisions.md."""
+0.18 over its 480 run-times) where 400 did not (0.06), docs/decisions.md."""
 AUTO_MAX_STEPS = 2000
 """The most it plans (about 50,000 run-times and more)."""
 AUTO_STEPS_PER_ROOT = 9.0

@@ -252,8 +252,8 @@ def test_steps_auto_is_the_default_and_the_json_says_what_was_taken(tmp_path):
     result = _invoke("--traces", str(store.path), "--checkpoint", str(tmp_path / "m.pt"), *args)
     assert result.exit_code == 0, result.stderr
     payload = json.loads(result.stdout.strip().splitlines()[-1])
-    assert payload["steps"] == payload["planned_steps"] == 500  # (fit.AUTO_MIN_STEPS)
-    assert "fitted 500 of 500 steps" in result.stderr
+    assert payload["steps"] == payload["planned_steps"] == 400  # (fit.AUTO_MIN_STEPS)
+    assert "fitted 400 of 400 steps" in result.stderr
     bad = _invoke("--traces", str(store.path), "--checkpoint", str(tmp_path / "n.pt"),
                   "--steps", "many")  # fmt: skip
     assert bad.exit_code != 0 and "neither a whole number nor auto" in bad.stderr

@@ -572,6 +572,11 @@ def test_assess_marks_a_model_worse_than_the_window_or_off_beyond_its_noise():
     assert fit.ks_bar(48) > fit.ks_bar(480) >= fit.ks_bar(6400) == fit.USABLE_KS
     no_holdout = dataclasses.replace(_result(), val_nll=None, calibration=None)
     assert fit.assess(no_holdout, runs) is None
+    # a held-out part too short to judge: 30 iterations score 3
+    short = _runs(3, 30)
+    assert fit.scored_iterations(short, 0.2) == 3 and fit.scored_iterations(runs, 0.2) == 12
+    assert "scored 3 held-out iterations, too few" in fit.assess(_result(), short)
+    assert fit.scored_iterations(_runs(4, 100), 0.2) == fit.MIN_SCORED_ITERATIONS
 
 
 def _runs(workers: int, iterations: int) -> list[RunMatrix]:
