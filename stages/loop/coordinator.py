@@ -30,7 +30,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
-from bdsgd.schemas.run_dir import iterations_table, read_run_dir, write_run_dir, write_segment
+from bdsgd.schemas.run_dir import (
+    ITERATIONS,
+    iterations_table,
+    read_run_dir,
+    segment_paths,
+    write_run_dir,
+    write_segment,
+)
 from bdsgd.stages.errors import BdsgdError, first_line
 from bdsgd.stages.loop.config import LoopConfig, source_of, straggler_delays
 from bdsgd.stages.loop.relay import own_connection
@@ -422,7 +429,7 @@ def slow_ranks(runtimes: list[np.ndarray], censored: list[np.ndarray], hosts: li
 def earlier_log(out: str | None, before: int) -> dict[str, list]:
     """The iteration log of a run directory's rows before iteration ``before`` (empty without
     one)."""
-    if out is None or not (Path(out) / "iterations.parquet").is_file():
+    if out is None or not ((Path(out) / ITERATIONS).is_file() or segment_paths(Path(out))):
         return {}
     _, table = read_run_dir(Path(out))
     rows = table.filter(pc.less(table["iteration"], before)).to_pydict()
