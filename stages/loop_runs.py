@@ -24,6 +24,7 @@ from bdsgd.stages.loop.job import LoopJob, run_torchrun_rank
 from bdsgd.stages.loop.local import RankDied, run_local
 from bdsgd.stages.loop.rank import load_state
 from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.policies.selfcheck import lean_message
 from bdsgd.stages.store import TraceStore, new_run_id
 
 CHECKPOINT = "checkpoint.pt"
@@ -139,6 +140,8 @@ def finish_train(cfg, summary: dict | None) -> dict | None:
     )
     if stopped != "iterations":
         console.print(f"stopped after {summary['iterations']} iterations: {stopped} reached")
+    if message := lean_message(cfg.policy, summary.get("self_check")):
+        console.print(message, soft_wrap=True)
     return summary
 
 

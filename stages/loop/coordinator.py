@@ -44,6 +44,7 @@ from bdsgd.stages.loop.relay import own_connection
 from bdsgd.stages.policies.base import observe_run
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.registry import make_policy
+from bdsgd.stages.policies.selfcheck import self_check_report
 from bdsgd.stages.store import TraceStore, TraceWriter
 from bdsgd.stages.summary import run_summary
 from bdsgd.stages.wire import keys as P
@@ -368,7 +369,11 @@ class LoopCoordinator:
     def summary(self) -> dict:
         """SPEC's train JSON plus the slowest ranks (measure-only runs name them)."""
         rows = self.writer.rows_written if self.writer is not None else 0
-        return loop_summary(self.log, self.cfg, self.run_id, self.world, rows, self.slow_ranks())
+        summary = loop_summary(self.log, self.cfg, self.run_id, self.world, rows,
+                               self.slow_ranks())  # fmt: skip
+        if (checked := self_check_report(self.policy)) is not None:  # bdsgd: did it lean?
+            summary["self_check"] = checked
+        return summary
 
     def slow_ranks(self) -> list[dict]:
         return slow_ranks(self.runtimes, self.censored, self.hosts, self.world)
