@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from bdsgd.stages.engine.launch import check_world
 from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.store import TraceStore
 from bdsgd.stages.wire.torchrun import Torchrun
@@ -45,7 +46,7 @@ def test_from_env_reads_torchrun_variables(monkeypatch):
     tr = Torchrun.from_env()
     assert tr == Torchrun(2, 4, "10.0.0.1", 29500, True)
     with pytest.raises(ConfigError, match="world size minus one"):
-        tr.check(workers=4)
+        check_world(tr, workers=4)  # (rank 0 runs the parameter server)
 
 
 def test_no_torchrun_without_its_variables(monkeypatch):
