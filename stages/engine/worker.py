@@ -166,11 +166,6 @@ def use_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-class Excluded(Exception):
-    """This worker was declared dead (it hung or was too slow to answer) and the run goes on
-    without it: it ends quietly."""
-
-
 def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     """Entry point of a spawned worker process of any kind. Ctrl-C is the engine's to handle; a
     worker ends when told to stop, when its work is done, or when the engine or a peer goes away
@@ -182,8 +177,6 @@ def worker_entry(body: Callable[[WorkerSpec], None], spec: WorkerSpec) -> None:
     torch.set_num_threads(1)
     try:
         body(spec)
-    except Excluded:
-        return
     except (WorkloadError, BdsgdError) as exc:  # (BdsgdError: the workload failed to load)
         line = f"bdsgd worker {spec.worker_id - 1}: {exc}\n".encode()
         os.write(sys.stderr.fileno(), line)  # one write: the workers' lines do not interleave

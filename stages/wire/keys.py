@@ -181,17 +181,6 @@ def cut_key(t: int) -> str:
 
 
 # -- parameter server -------------------------------------------------------------------------
-def members_key(generation: int) -> str:
-    """The parameter server's generation: its members (process ids, the server 0 first)."""
-    return f"gen/{generation}"
-
-
-def encode_members(members: list[int]) -> str:
-    return ",".join(map(str, members))
-
-
-def decode_members(blob: bytes) -> list[int]:
-    return [int(x) for x in blob.decode().split(",")]
 
 
 # -- collective -------------------------------------------------------------------------------
@@ -234,12 +223,6 @@ def async_end_key(worker: int) -> str:
 def pack_params(vector: torch.Tensor, a: float, b: float) -> torch.Tensor:
     """A parameter message: the :data:`PARAM_HEADER` (``a``, ``b``), then ``vector``."""
     return torch.cat([torch.tensor([float(a), float(b)]), vector])
-
-
-def pack_params_of(params: Iterable[torch.Tensor], t: int, cutoff: int) -> torch.Tensor:
-    """:func:`pack_params` of a model's parameters in one copy (no flat vector in between)."""
-    header = torch.tensor([float(t), float(cutoff)])
-    return torch.cat([header, *(p.detach().reshape(-1) for p in params)])
 
 
 def flat_views(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:

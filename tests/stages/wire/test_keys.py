@@ -24,8 +24,8 @@ def test_keys_are_distinct_per_iteration_and_ticket():
         P.arrival_key(3, 2),
         P.arrival_key(4, 1),
         P.cut_key(3),
-        P.members_key(0),
-        P.members_key(1),
+        P.closed_key(3),
+        P.async_arrival_key(3),
     }
     assert len(keys) == 9
 
@@ -36,10 +36,6 @@ def test_pack_params_puts_iteration_and_cutoff_in_the_header():
     assert packed.numel() == P.PARAM_HEADER + 5
     assert int(packed[0]) == 7 and int(packed[1]) == 3
     assert torch.equal(packed[P.PARAM_HEADER :], vector)
-
-
-def test_members_round_trip():
-    assert P.decode_members(P.encode_members([0, 1, 3]).encode()) == [0, 1, 3]
 
 
 def test_bind_flat_receives_into_the_model_and_accumulates_gradients_in_place():
@@ -58,12 +54,6 @@ def test_bind_flat_receives_into_the_model_and_accumulates_gradients_in_place():
     assert torch.equal(grads, expected) and grads.abs().sum() > 0
     model.zero_grad(set_to_none=False)
     assert not grads.any()
-
-
-def test_pack_params_of_matches_pack_params():
-    model = torch.nn.Linear(3, 2)
-    vector = parameters_to_vector(model.parameters()).detach()
-    assert torch.equal(P.pack_params_of(model.parameters(), 4, 2), P.pack_params(vector, 4, 2))
 
 
 def test_store_waits_end_at_their_timeout():
