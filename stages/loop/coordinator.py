@@ -39,7 +39,7 @@ from bdsgd.schemas.run_dir import (
     write_segment,
 )
 from bdsgd.stages.errors import BdsgdError, first_line
-from bdsgd.stages.loop.config import LoopConfig, source_of, straggler_delays
+from bdsgd.stages.loop.config import MAX_ITERATIONS, LoopConfig, source_of
 from bdsgd.stages.loop.relay import own_connection
 from bdsgd.stages.policies.base import observe_run
 from bdsgd.stages.policies.driver import IterationDriver
@@ -96,6 +96,7 @@ class LoopCoordinator:
         self.skip_through = -1  # a resumed run: rows of iterations up to here are on disk
         self.rows_added = 0
         self.delay_columns: dict = {}  # rank -> its injected delays (cut ranks' rows)
+        self.straggler_model = None  # --stragglers, parsed at the first cut rank
         self.noise_now: tuple | None = None  # the last noise scale and per-rank batch
         self.previous: tuple[float, float] | None = None  # the last iteration's start and cut
         self.overhead: float | None = None  # the measured fixed cost of an iteration, seconds
@@ -332,11 +333,14 @@ class LoopCoordinator:
         carries it as a finished one does)."""
         if self.cfg.stragglers == "none":
             return 0.0
+        if self.straggler_model is None:  # (parsed once: a replay reads its trace store)
+            from bdsgd.stages.stragglers import parse_stragglers
+
+            self.straggler_model = parse_stragglers(self.cfg.stragglers, seed=self.cfg.seed,
+                                                    time_scale=self.cfg.time_scale)  # fmt: skip
         if w not in self.delay_columns:
-            self.delay_columns[w] = straggler_delays(self.cfg.stragglers, self.world, w,
-                                                     self.cfg.seed, self.cfg.time_scale)  # fmt: skip
-        column = self.delay_columns[w]
-        return 0.0 if column is None else float(column.at(t))
+            self.delay_columns[w] = self.straggler_model.column(MAX_ITERATIONS, self.world, w)
+        return float(self.delay_columns[w].at(t))
 
     # -- the log and the run directory ----------------------------------------------------------
     def _drain(self, through: int) -> None:
