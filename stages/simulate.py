@@ -428,6 +428,7 @@ def replay(
     """Warm the policy up on rows < start, then replay the rest with the driver of its mode
     (sync policies get the noise schedule and the salvage count)."""
     policy.overhead_s = overhead_s
+    policy.salvage_parts = micro_batches if micro_batches > 1 else 0  # (as a loop salvages)
     warm_up(policy, run, start)
     if policy.mode == "sync":
         return simulate_sync(policy, run, start, overhead_s, noise, micro_batches)

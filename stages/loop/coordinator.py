@@ -82,6 +82,7 @@ class LoopCoordinator:
                                   overhead_s=cfg.overhead_s or 0.0, explore=cfg.explore)  # fmt: skip
         if self.policy.mode != "sync" or cfg.policy == "oracle":
             raise BdsgdError(f"policy {cfg.policy!r} cannot cut a training loop's iterations")
+        self.policy.salvage_parts = cfg.micro_batches if cfg.salvage else 0
         self.driver = IterationDriver(self.policy, world)
         self.standing = P.StandingC(world)  # the c announced in the iteration's ticket counter
         self.writer = TraceWriter(TraceStore(cfg.traces)) if cfg.traces else None

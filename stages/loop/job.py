@@ -84,7 +84,7 @@ def rank_main(spec: RankSpec) -> None:
     try:
         run_rank(job, device, progress=store if spec.rank == 0 else None)
     except Exception as exc:  # noqa: BLE001 (one line for the launcher, not a traceback)
-        report_failure(store, spec.rank, exc)
+        report_failure(store, spec.rank, exc, job.loop.timeout_s)
         raise SystemExit(1) from None
     finally:
         end_group()
@@ -98,13 +98,29 @@ def end_group() -> None:
         dist.destroy_process_group()
 
 
-def report_failure(store: dist.Store, rank: int, exc: BaseException) -> None:
+def report_failure(store: dist.Store, rank: int, exc: BaseException,
+                   timeout_s: float | None = None) -> None:  # fmt: skip
     """The first rank to fail leaves its error in the store for the launcher's one line (the
     others then fail on the broken group: their errors say less)."""
-    line = f"rank {rank}: {error_line(exc)}"
+    line = f"rank {rank}: {collective_timeout_line(exc, timeout_s) or error_line(exc)}"
     with contextlib.suppress(Exception):
         if store.add(FAILED_KEY, 1) == 1:
             store.set(FAILURE_KEY, line)
+
+
+COLLECTIVE_TIMEOUTS = ("Timed out waiting", "collective operation timeout", "Watchdog caught")
+
+
+def collective_timeout_line(exc: BaseException, timeout_s: float | None) -> str | None:
+    """What a gloo or NCCL collective's timeout means here, in one line (their own message
+    names a C++ file): a rank did not reach the all-reduce within ``--timeout``."""
+    text = str(exc)
+    if not any(marker in text for marker in COLLECTIVE_TIMEOUTS):
+        return None
+    limit = f" ({timeout_s:g} s)" if timeout_s is not None else ""
+    return (f"a collective waited longer than --timeout{limit} for another rank: one rank "
+            "took that long in one iteration (a straggler that no cut ended) or stopped; "
+            "raise --timeout if your iterations can take that long")
 
 
 def run_torchrun_rank(job: LoopJob) -> dict | None:

@@ -565,8 +565,7 @@ class Iteration:
             self.current = batch_size(mb)
             yield mb
             self._finish_micro_batch()
-            if self._wait_delay(count or self.cut.cfg.micro_batches):
-                return
+            self._device_time(count or self.cut.cfg.micro_batches)
         if not _planned:
             self.cut.planned_full = self.samples
 
@@ -607,16 +606,13 @@ class Iteration:
             self.seen_cut = self.cut.node_cut.view.check([P.cut_key(self.t)])
         return self.seen_cut
 
-    def _wait_delay(self, parts: int) -> bool:
-        """This micro-batch's share of the injected delay, ended by a cut; True when cut."""
-        if self.delay_s <= 0:
-            return False
-        if self.cut.measure_only:
+    def _device_time(self, parts: int) -> None:
+        """This micro-batch's share of the injected delay (``--stragglers``): emulated device
+        time, which a cut does not end. A real rank finishes the micro-batch it is in before
+        it sees the cut, and an emulated one that stopped at once would count a micro-batch
+        whose time it never spent (a cut then looked free)."""
+        if self.delay_s > 0:
             time.sleep(self.delay_s / max(parts, 1))
-            return False
-        if P.wait_key(self.cut.node_cut.view, P.cut_key(self.t), self.delay_s / max(parts, 1)):
-            self.seen_cut = True
-        return self.seen_cut
 
     def _take_ticket(self, runtime: float) -> bool:
         """Arrive: a ticket taken before the counter was closed admits this rank's gradient,

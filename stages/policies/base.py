@@ -12,6 +12,10 @@ A sync policy with ``online = True`` may also revise c while the iteration runs:
 :meth:`Policy.revise` at every arrival with what has arrived so far, and the iteration ends at the
 first arrival at which the arrivals reach the revised c.
 
+With ``salvage_parts`` set (a training loop that salvages the micro-batches a cut rank finished,
+the default), the policies that weigh c count what the cut workers salvage with the c gradients
+(``bdsgd.stages.policies.cutoff``).
+
 The driver also pushes, before each :meth:`Policy.choose`, the current gradient noise scale with
 :meth:`Policy.set_noise_scale` (``bdsgd.stages.goodput``); only the ``:goodput`` policies use it.
 """
@@ -60,6 +64,7 @@ class Policy(abc.ABC):
     adaptive: bool = True  # whether c depends on what was observed (False: full, static:C)
     noise_scale: float | None = None  # gradient noise scale B in samples (None: unknown)
     batch_size: int = 1  # the per-worker batch B is measured against
+    salvage_parts: int = 0  # micro-batches per step when a cut worker's finished ones count (0: off)
 
     @abc.abstractmethod
     def choose(self, live: np.ndarray) -> int:

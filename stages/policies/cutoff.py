@@ -33,6 +33,15 @@ dominates, close to 1 when gradients agree), at the noise scale the driver pushe
 :meth:`MonteCarloCutoff.choose` and :meth:`MonteCarloCutoff.revise` alike. c = 1 is ruled out
 while two workers live: one gradient measures no noise, and a c stuck at 1 would never see the
 noise scale change.
+
+Salvage (``salvage_parts`` >= 2: a training loop adds the micro-batches a cut rank finished to
+the average, its default): an iteration cut at the c-th arrival applies c whole gradients and,
+of each worker j still out, the micro-batches it finished, the one it is in included: it finishes
+that one before it sees the cut, so the iteration ends when the last of them does
+(:func:`cut_terms`). What c is worth is then c plus the expected salvaged share, and it lasts
+until that end, in choose, revise and lambda alike: a cut costs the samples the cut workers had
+not done, and saves only the time to their next micro-batch's end. A worker about to finish is
+not worth cutting; a persistently slow one, early in its batch, is.
 """
 
 from __future__ import annotations
@@ -97,6 +106,31 @@ def long_run_value(worth, seconds, rate: float | None):
 def iteration_value(worth, seconds, rate: float | None = None):
     """The per-iteration rate worth / seconds (``rate`` unused)."""
     return worth / np.maximum(seconds, 1e-12)
+
+
+MAX_PAIRS = 16_384  # cut_terms: samples x n x n entries at most (fewer samples at large n, >= 16)
+
+
+def cut_terms(ordered: np.ndarray, parts: int, now: float | None = None):
+    """What cutting an iteration salvages and how long it then lasts, from (S, n) sorted
+    samples of the workers' run-times, each spread evenly over its ``parts`` micro-batches: a
+    worker cut at tau finishes the micro-batch it is in (tau < x: ceil(parts tau / x) of them),
+    which adds that share of a gradient and ends at that share of x. Returns ``(extra,
+    length)``: for c = 1..n (cut at the c-th arrival, every later one cut), the mean salvaged
+    share and the mean end of the iteration, max(x_(c), the cut workers' ends), each (n,); with
+    ``now``, the same two numbers for a cut at ``now`` before any of them arrives."""
+    if now is not None:
+        done = np.minimum(np.ceil(parts * now / np.maximum(ordered, 1e-12) - 1e-9), parts)
+        share = done / parts
+        end = np.maximum((share * ordered).max(axis=1), now)
+        return float(share.sum(axis=1).mean()), float(end.mean())
+    s, n = ordered.shape
+    ordered = ordered[: max(16, MAX_PAIRS // max(n * n, 1))]
+    tau, x = ordered[:, :, None], np.maximum(ordered[:, None, :], 1e-12)
+    after = np.arange(n)[None, :] > np.arange(n)[:, None]  # (c, j): j is cut at the c-th arrival
+    share = np.where(after, np.minimum(np.ceil(parts * tau / x - 1e-9), parts) / parts, 0.0)
+    end = np.maximum((share * x).max(axis=2), ordered)
+    return share.sum(axis=2).mean(axis=0), end.mean(axis=0)
 
 
 def goodput_worth(policy: Policy, n: int) -> np.ndarray:
@@ -261,7 +295,8 @@ class MonteCarloCutoff(Policy):
         self._c: int | None = None  # this iteration's c (choose), its live mask and lambda
         self._live: np.ndarray | None = None
         self._rate: float | None = None
-        self._worth: np.ndarray | None = None  # :goodput: gain(c) for c = 1..n live, else None
+        self._worth: np.ndarray | None = None  # c = 1..n live, worth (salvage, :goodput), or None
+        self._salvage: np.ndarray | None = None  # c = 1..n: the share the cut ones salvage
         self._ordered: np.ndarray | None = None  # (S, n) sorted samples behind the choice
 
     @abc.abstractmethod
@@ -278,9 +313,13 @@ class MonteCarloCutoff(Policy):
             return self._c
         ordered = sorted_samples(draws)
         expected = ordered.mean(axis=0)
-        self._worth = goodput_worth(self, expected.size) if self.goodput else None
-        rate = self.going_rate(expected) if self.objective == "long-run" else None
-        c = best_cutoff(expected, self.overhead_s, rate, self._worth)
+        length = expected  # when the iteration ends if cut at the c-th arrival
+        self._salvage = None
+        if self.salvages:
+            self._salvage, length = cut_terms(ordered, self.salvage_parts)
+        self._worth = self.worth_of(np.arange(1, expected.size + 1), self._salvage, expected.size)
+        rate = self.going_rate(length) if self.objective == "long-run" else None
+        c = best_cutoff(length, self.overhead_s, rate, self._worth)
         self._ordered, self._described = ordered, c
         self._c, self._live, self._rate = c, np.asarray(live, dtype=bool).copy(), rate
         return c
@@ -311,13 +350,21 @@ class MonteCarloCutoff(Policy):
         draws = self.conditional(now_s, runtimes, arrived, waiting)
         if draws is None:
             return self._c
-        expected = sorted_samples(draws).mean(axis=0)
+        ordered = sorted_samples(draws)
+        expected = ordered.mean(axis=0)
         later = k + np.arange(1, expected.size + 1)
-        o, rate = self.overhead_s, self._rate
-        worth = self._worth  # :goodput: what k, and each later j, gradients are worth
-        got, more = (k, later) if worth is None else (worth[k - 1], worth[later - 1])
+        o, rate, n = self.overhead_s, self._rate, int(np.count_nonzero(self._live))
+        got, more = float(k), later.astype(float)
+        now_end, length, extra = now_s, expected, (None, None)
+        if self.salvages:  # the cut ones salvage the micro-batch they are in, and it takes time
+            now_extra, now_end = cut_terms(ordered, self.salvage_parts, now=now_s)
+            salvage, length = cut_terms(ordered, self.salvage_parts)
+            extra = (now_extra, salvage)
+        if self._worth is not None:  # what k, and each later j, gradients are worth
+            got = float(self.worth_of(np.array([k]), extra[0], n)[0])
+            more = self.worth_of(later, extra[1], n)
         value = long_run_value if rate is not None and rate > 0 else iteration_value
-        stop, wait = value(got, now_s + o, rate), value(more, expected + o, rate)
+        stop, wait = value(got, now_end + o, rate), value(more, length + o, rate)
         best = int(np.argmax(wait))
         return k if stop >= wait[best] else int(later[best])
 
@@ -371,11 +418,40 @@ class MonteCarloCutoff(Policy):
         self._decided = False
         self.learn(runtimes, censored)
 
-    def worth_of_count(self) -> Callable[[int], float] | None:
-        """:goodput: k applied gradients count gain(k) towards lambda (None: k)."""
-        if not self.goodput:
+    @property
+    def salvages(self) -> bool:
+        return self.salvage_parts >= 2
+
+    def worth_of(self, counts: np.ndarray, salvage, n: int) -> np.ndarray | None:
+        """What ending an iteration at ``counts`` gradients is worth: each count plus the share
+        the cut workers ``salvage`` (an array or a number; None: none), as gain() of that under
+        ``:goodput`` (with one gradient ruled out while ``n`` >= 2 live); None when it is just
+        the count."""
+        if salvage is None and not self.goodput:
             return None
-        return lambda k: gain(k, self.noise_scale, self.batch_size)
+        counts = np.asarray(counts, dtype=float)
+        worth = counts + (0.0 if salvage is None else salvage)
+        if not self.goodput:
+            return worth
+        worth = np.array(gain(worth, self.noise_scale, self.batch_size), ndmin=1)
+        if n >= MIN_MEASURED:
+            worth = np.where(counts < MIN_MEASURED, -np.inf, worth)
+        return worth
+
+    def worth_of_count(self) -> Callable[[int], float] | None:
+        """What k applied gradients count towards lambda: with the share the cut workers
+        salvaged at the k-th arrival as this policy's last choice expected it, and gain() of
+        that under ``:goodput`` (None: k)."""
+        if not self.goodput and self._salvage is None:
+            return None
+        curve = self._salvage
+
+        def worth(k: int) -> float:
+            extra = float(curve[k - 1]) if curve is not None and 1 <= k <= curve.size else 0.0
+            base = k + extra
+            return gain(base, self.noise_scale, self.batch_size) if self.goodput else base
+
+        return worth
 
     @abc.abstractmethod
     def learn(self, runtimes: np.ndarray, censored: np.ndarray) -> None:
@@ -509,6 +585,7 @@ class BdsgdCutoff(MonteCarloCutoff):
         n, rate = int(np.count_nonzero(live)), self.tracker.rate()
         if (
             not self.online
+            or self.salvages  # (the next gradient, nearly done, is nearly all salvaged anyway)
             or n > SMALL_N
             or rate is None
             or not hasattr(self.predictor, "remaining")

@@ -43,6 +43,14 @@ class Exploring(Policy):
     def overhead_s(self, value: float) -> None:
         self.inner.overhead_s = value
 
+    @property
+    def salvage_parts(self) -> int:  # type: ignore[override]
+        return self.inner.salvage_parts
+
+    @salvage_parts.setter
+    def salvage_parts(self, value: int) -> None:
+        self.inner.salvage_parts = value
+
     def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
         self.inner.set_noise_scale(noise_scale, batch_size)
 

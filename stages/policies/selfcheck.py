@@ -153,6 +153,15 @@ class SelfChecking(Policy):
         for expert in self.experts:
             expert.overhead_s = value
 
+    @property
+    def salvage_parts(self) -> int:  # type: ignore[override]
+        return self.own.salvage_parts
+
+    @salvage_parts.setter
+    def salvage_parts(self, value: int) -> None:
+        for expert in self.experts:
+            expert.salvage_parts = value
+
     def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
         for expert in self.experts:
             expert.set_noise_scale(noise_scale, batch_size)
@@ -202,7 +211,8 @@ class SelfChecking(Policy):
                 expert.observe(runtimes, censored)
             else:
                 expert.observe_shadow(runtimes, censored, gradients, seconds)
-            worth = expert.worth_of_count()  # :goodput: gain(k), else k
+            judge = self.experts[played] if played is not None else expert
+            worth = judge.worth_of_count()  # k, with what its cut ones salvage (:goodput: gain)
             value = gradients if worth is None else worth(gradients)
             self.scores[i].update(value, seconds, 1.0 if exact else IMPUTED_WEIGHT)
         self._shown = played if played is not None else self.leader

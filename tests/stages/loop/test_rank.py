@@ -22,7 +22,9 @@ from tests.stages.loop.launch import SCRIPT, run_ranks
 
 # rank 0 is persistently 1e5 times slower (over 100 s per micro-batch: only a cut ends its wait,
 # however slow the machine makes the others), the others about 5 ms
-SLOW_RANK0 = "synthetic:base_s=0.005,slow_workers=1,slow_worker_factor=1e5,sigma=0,spike_p=0"
+# rank 0 waits 5 s of emulated device time a step, in equal parts after its micro-batches: a cut
+# rank finishes the part it is in (as a real rank finishes its micro-batch), then stops
+SLOW_RANK0 = "synthetic:base_s=0.005,slow_workers=1,slow_worker_factor=1000,sigma=0,spike_p=0"
 
 
 def ranks_ok(results) -> None:

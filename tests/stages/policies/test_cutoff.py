@@ -16,6 +16,7 @@ from bdsgd.stages.policies.cutoff import (
     RateTracker,
     StaticCutoff,
     best_cutoff,
+    cut_terms,
 )
 
 ALL = np.ones(4, dtype=bool)
@@ -99,6 +100,35 @@ def test_ewma_knows_which_worker_is_slow():
     assert policy.choose(ALL) == 3
     # the slow worker died: the rest are equal, wait for all of them
     assert policy.choose(np.array([True, True, True, False])) == 3
+
+
+def test_a_cut_worker_finishes_the_micro_batch_it_is_in():
+    """Three workers near 0.16 s, one at 0.4 s, 4 micro-batches each: cut at the first arrival
+    (0.15), the two fast ones finish their last micro-batch (a whole gradient each) and the slow
+    one its second (half), which ends the iteration at 0.2 s, as a cut at the third does."""
+    ordered = np.array([[0.15, 0.16, 0.17, 0.4]])
+    extra, length = cut_terms(ordered, 4)
+    assert extra.tolist() == pytest.approx([2.5, 1.5, 0.5, 0.0])
+    assert length.tolist() == pytest.approx([0.2, 0.2, 0.2, 0.4])
+    assert cut_terms(ordered, 4, now=0.155) == pytest.approx((3.5, 0.2))
+
+
+def test_under_salvage_a_cut_gives_up_little_and_a_slow_worker_is_cut():
+    """Four steady workers: whatever c it picks, the cut ones (in their last parts) salvage
+    nearly all they would have given; one worker 5x slower is cut, salvaging its first part."""
+    steady = EwmaCutoff(4, num_samples=256, seed=0)
+    steady.salvage_parts = 4
+    for _ in range(30):
+        steady.observe(np.array([1.0, 1.0, 1.0, 1.05]), np.zeros(4, dtype=bool))
+    c = steady.choose(ALL)
+    assert steady.worth_of_count()(c) > 3.8
+    slow = EwmaCutoff(4, num_samples=256, seed=0)
+    slow.salvage_parts = 4
+    for _ in range(30):
+        slow.observe(np.array([1.0, 1.0, 1.0, 5.0]), np.zeros(4, dtype=bool))
+    c = slow.choose(ALL)
+    assert c < 4  # the slow one is cut, in its first part; the fast ones finish theirs
+    assert 3.1 < slow.worth_of_count()(c) < 3.5
 
 
 def test_bdsgd_uses_the_predictive_and_reports_quantiles():

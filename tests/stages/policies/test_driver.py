@@ -126,6 +126,7 @@ def test_simulator_and_the_training_loop_agree_on_recorded_arrivals_with_online_
     rows = TraceStore(tmp_path / "traces").read().sort("iteration", "worker")
     hosts = rows.filter(pl.col("iteration") == 0)["host"].to_list()
     replayed = make_policy("bdsgd", 4, ckpt, hosts, seed=5, overhead_s=0.0)
+    replayed.salvage_parts = 2  # (the loop salvages its 2 micro-batches, by default)
     driver = IterationDriver(replayed, 4)
     cs = []
     for t in range(iterations):
