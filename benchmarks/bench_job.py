@@ -10,7 +10,8 @@ measures and cuts nothing under it) runs a fixed number of iterations; every oth
 until its smoothed training loss reaches the one ``full`` ended at, and the table compares the
 wall-clock time each took to get there.
 
-    python -m benchmarks.bench_job --presets slow_rank,two_slow,host_spells --iterations 200
+    python -m benchmarks.bench_job --presets slow_rank,two_slow,host_spells
+    python -m benchmarks.bench_job --rank0     # the coordinator's rank against the others
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow.parquet as pq
 from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.profile import ProfileConfig, run_profile
 from bdsgd.stages.smoothing import SmoothedLoss, time_to_loss
+from bdsgd.stages.store import TraceStore
 from bdsgd.stages.train import TrainConfig, run_train
 
 RANKS = 4
@@ -86,6 +89,31 @@ def job_table(root: Path, preset: str, iterations: int) -> list[str]:
     return lines
 
 
+def rank0_table(root: Path, iterations: int) -> list[str]:
+    """Does the coordinator slow the rank it lives with? A job of equal ranks (spells only:
+    ``job:slow_ranks=0``), profiled and fitted as documented, trained under ``full`` and
+    ``bdsgd``: each rank's median step (its run-time, and that less its emulated device time:
+    the real computation, where the coordinator's CPU work would show), over its uncensored
+    rows."""
+    spec = "job:slow_ranks=0"
+    ckpt, note = profile_and_fit(root, spec)
+    lines = [f"### Rank 0 (the coordinator's) against the others, `{spec}`: {note}", "",
+             "| policy | rank 0 step (ms) | other ranks' (ms) | ratio | rank 0 computation (ms) | "
+             "others' (ms) | ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for policy in ("full", "bdsgd"):
+        summary, _ = train(root, spec, policy, iterations, ckpt)
+        rows = TraceStore(root / "traces").read().filter(
+            (pl.col("run_id") == summary["run_id"]) & ~pl.col("censored")
+        ).with_columns(compute=pl.col("runtime_s") - pl.col("injected_delay_s"))  # fmt: skip
+        cells = []
+        for column in ("runtime_s", "compute"):
+            own = rows.filter(pl.col("worker") == 0)[column].median() * 1e3
+            rest = rows.filter(pl.col("worker") != 0)[column].median() * 1e3
+            cells += [f"{own:.1f}", f"{rest:.1f}", f"{own / rest:.3f}"]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def run(quick: bool = False, presets: str = "slow_rank,two_slow,host_spells") -> str:
     iterations = 80 if quick else 200
     lines = ["## A user's job, profile -> fit -> train (`benchmarks/bench_job.py`)", ""]
@@ -99,7 +127,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--presets", default="slow_rank,two_slow,host_spells")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rank0", action="store_true", help="only the coordinator's rank's table")
     args = ap.parse_args()
+    if args.rank0:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(rank0_table(Path(tmp), 80 if args.quick else 200)))
+        return
     print(run(args.quick, args.presets))
 
 

@@ -44,6 +44,7 @@ from bdsgd.stages.goodput import NoiseSchedule
 from bdsgd.stages.policies.async_driver import AsyncDriver, Update
 from bdsgd.stages.policies.base import Policy
 from bdsgd.stages.policies.driver import IterationDriver, Outcome
+from bdsgd.stages.policies.cutoff import cut_terms
 from bdsgd.stages.policies.registry import default_policy_specs, make_policy
 from bdsgd.stages.policies.selfcheck import self_check_report
 from bdsgd.stages.store import RunMatrix, TraceStore
@@ -210,14 +211,15 @@ def simulate_sync(
             policy.set_noise_scale(noise(t), noise.batch_size)
         policy.reveal(x)
         out = drive(driver, live, x, run.censored[t])
-        wall += out.cut_s + overhead_s
+        share, end = salvaged(x, live, out.order, out.cut_s, micro_batches)
+        wall += end + overhead_s
         result.useful_s += float(x[list(out.order)].sum())
-        result.worker_s += float(live.sum()) * (out.cut_s + overhead_s)
+        result.worker_s += float(live.sum()) * (end + overhead_s)
         preds = policy.describe()
         result.record(
             iteration=t,
             wall_s=wall,
-            iteration_s=out.cut_s + overhead_s,
+            iteration_s=end + overhead_s,
             c=out.c,
             workers=int(live.sum()),
             decision_ms=out.decision_ms,
@@ -227,21 +229,26 @@ def simulate_sync(
             peer=preds.get("peer"),
         )
         if micro_batches > 1:
-            result.record(samples=out.c + salvaged(x, live, out.order, out.cut_s, micro_batches))
+            result.record(samples=out.c + share)
     return result
 
 
 def salvaged(
     runtimes: np.ndarray, live: np.ndarray, admitted, cut_s: float, micro_batches: int
-) -> float:
-    """Gradients' worth of the micro-batches the live workers cut at ``cut_s`` had finished:
-    sum over them of floor(m cut / x) / m (a worker's run-time spread evenly over its m
-    micro-batches; a worker whose run-time is unknown, inf, salvages nothing)."""
+) -> tuple[float, float]:
+    """What the live workers cut at ``cut_s`` salvage, in gradients, and when the iteration
+    ends, as in a training loop: each finishes the micro-batch it is in (its run-time spread
+    evenly over its ``micro_batches``) and adds those it finished, and the all-reduce waits for
+    the last of them (:func:`~bdsgd.stages.policies.cutoff.cut_terms`). A worker whose run-time
+    is unknown (inf) salvages nothing; one micro-batch: nothing is salvaged and the iteration
+    ends at the cut (a cut rank's single micro-batch is its whole step)."""
     cut = live.copy()
     cut[list(admitted)] = False
     x = runtimes[cut]
-    done = np.floor(micro_batches * cut_s / x[np.isfinite(x)]) / micro_batches
-    return float(np.minimum(done, 1.0).sum())
+    x = x[np.isfinite(x)]
+    if micro_batches <= 1 or x.size == 0:
+        return 0.0, cut_s
+    return cut_terms(x[None, :], micro_batches, now=cut_s)
 
 
 def noise_columns(noise: NoiseSchedule | None, t: int, c: int) -> dict[str, float]:

@@ -342,10 +342,13 @@ def test_salvage_counts_the_finished_micro_batches_of_cut_workers():
     runtimes = np.array([0.1, 0.2, 0.4, np.inf])
     live = np.array([True, True, True, True])
     # cut at 0.2 after workers 0 and 1: worker 2 finished 2 of 4, worker 3 (unknown) none
-    assert salvaged(runtimes, live, (0, 1), 0.2, 4) == pytest.approx(0.5)
-    assert salvaged(runtimes, live, (0,), 0.1, 4) == pytest.approx(0.5 + 0.25)
+    assert salvaged(runtimes, live, (0, 1), 0.2, 4) == pytest.approx((0.5, 0.2))
+    assert salvaged(runtimes, live, (0,), 0.1, 4) == pytest.approx((0.5 + 0.25, 0.1))
+    # cut at 0.25: worker 2 is in its third part, finishes it at 0.3 and counts it
+    assert salvaged(runtimes, live, (0, 1), 0.25, 4) == pytest.approx((0.75, 0.3))
     dead = np.array([True, True, False, True])
-    assert salvaged(runtimes, dead, (0, 1), 0.2, 4) == 0.0
+    assert salvaged(runtimes, dead, (0, 1), 0.2, 4) == (0.0, 0.2)
+    assert salvaged(runtimes, live, (0, 1), 0.25, 1) == (0.0, 0.25)
 
 
 def test_sample_throughput_is_reported_with_micro_batches():
