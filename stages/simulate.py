@@ -210,7 +210,7 @@ def simulate_sync(
         if noise is not None:
             policy.set_noise_scale(noise(t), noise.batch_size)
         policy.reveal(x)
-        out = drive(driver, live, x, run.censored[t])
+        out = drive(driver, live, x, run.censored[t], micro_batches=micro_batches)
         share, end = salvaged(x, live, out.order, out.cut_s, micro_batches)
         wall += end + overhead_s
         result.useful_s += float(x[list(out.order)].sum())
@@ -262,15 +262,24 @@ def drive(
     runtimes: np.ndarray,
     censored: np.ndarray | None = None,
     order: np.ndarray | None = None,
+    micro_batches: int = 1,
 ) -> Outcome:
     """One iteration of recorded arrivals: the live workers arrive in ``order`` (default: by
-    run-time) until the driver ends the iteration (at an arrival, or at a tick between two)."""
+    run-time) until the driver ends the iteration (at an arrival, or at a tick between two).
+    With ``micro_batches`` > 1, a worker cut in its last micro-batch finishes it, as a training
+    loop's rank does, and its run-time is exact (:meth:`IterationDriver.arrive_late`)."""
     driver.begin(live)
     if order is None:
         order = np.argsort(np.where(live, runtimes, np.inf), kind="stable")[: int(live.sum())]
     for w in order:
         if driver.wait_until(float(runtimes[w])) or driver.arrive(int(w), float(runtimes[w])):
             break
+    if micro_batches > 1:
+        cut = max(float(runtimes[driver.order].max(initial=0.0)), driver.cut_at)
+        exact = live & np.isfinite(runtimes) & (censored is None or ~censored)
+        for w in np.flatnonzero(exact & (runtimes * (micro_batches - 1) < cut * micro_batches)):
+            if w not in driver.order:
+                driver.arrive_late(int(w), float(runtimes[w]))
     return driver.end(censored)
 
 

@@ -51,6 +51,7 @@ from bdsgd.stages.wire import keys as P
 from bdsgd.stages.wire.janitor import KeyJanitor
 from bdsgd.stages.wire.report import WorkerReport, trace_columns
 
+FLUSH = ("flush",)  # put by record(): the thread ends its pending iteration, begins none
 IDLE_WAIT_S = 5.0  # longest single store wait for an arrival when no tick is due
 MIN_WAIT_S = 0.001  # shortest store wait before a due tick
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
@@ -87,6 +88,8 @@ class LoopCoordinator:
         self.standing = P.StandingC(world)  # the c announced in the iteration's ticket counter
         self.writer = TraceWriter(TraceStore(cfg.traces)) if cfg.traces else None
         self.begins: queue.Queue = queue.Queue()
+        self.pending: tuple | None = None  # the iteration cut last, ended after its all-reduce
+        self.passed = threading.Event()  # the rank passed an all-reduce (rank_values' end)
         self.coordinated: dict[int, dict] = {}  # t -> what the coordinator saw of iteration t
         self.ranked: dict[int, dict] = defaultdict(dict)  # t -> what the rank reported of t
         self.runtimes: list[np.ndarray] = []  # per-iteration run-times, for the slow-rank note
@@ -122,6 +125,8 @@ class LoopCoordinator:
 
     def rank_values(self, t: int, **values) -> None:
         self.ranked[t].update(values)
+        if "end" in values:
+            self.passed.set()
 
     def noise(self, t: int, value: float | None, batch: float, gain: float | None) -> None:
         """Iteration t's gradient noise scale: logged with it, and the policy's from the next
@@ -147,7 +152,10 @@ class LoopCoordinator:
 
     def record(self, through: int) -> None:
         """Write the trace rows of every iteration coordinated so far and wait until they are
-        on disk; the iteration log is kept for the run directory (bounded waits)."""
+        on disk; the iteration log is kept for the run directory (bounded waits). Called by
+        the rank after the all-reduce of iteration ``through - 1``."""
+        if self.thread.is_alive():
+            self.begins.put(FLUSH)  # (the thread ends the iteration cut last)
         self._drain(through)
         with self.lock:
             self._log_through(through - 1)
@@ -182,7 +190,10 @@ class LoopCoordinator:
     def _run(self) -> None:
         try:
             while (item := self.begins.get()) is not None:
-                self._iteration(*item)
+                self._end_pending()  # (the rank began again: it passed the last all-reduce)
+                if item is not FLUSH:
+                    self._iteration(*item)
+            self._end_pending()
         except BaseException as exc:  # reported to the rank's loop at its next begin
             self.error = exc
 
@@ -200,12 +211,47 @@ class LoopCoordinator:
         reports = seen + self._reports(t, len(seen) + 1, admitted)
         for rep in reports[len(seen) :]:  # (after the cut: admitted, nothing left to revise)
             self.driver.arrive(rep.worker, rep.runtime_s, revise=False)
+        self.pending = (t, began, reports, admitted)
+        if self._passed(t):  # (else at the rank's next begin, or at a record)
+            self._end_pending()
+
+    def _passed(self, t: int) -> bool:
+        """Wait (bounded) until the rank this thread lives with passed iteration t's all-reduce
+        (its ``end``): the policy then learns while the rank steps its optimizer."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while not self.abandoned and time.monotonic() < deadline:
+            if "end" in self.ranked.get(t, {}):
+                return True
+            self.passed.wait(0.05)
+            self.passed.clear()
+        return False
+
+    def _end_pending(self) -> None:
+        """End the iteration cut last, once the rank this thread lives with passed its
+        all-reduce (every rank reached it): the ranks that finished their whole batch after the
+        cut have set their reports by then (their run-times are exact, not censored); then the
+        policy, the trace rows and the log see the iteration."""
+        if self.pending is None:
+            return
+        t, began, reports, admitted = self.pending
+        self.pending = None
+        late = [] if self.abandoned else self._late_reports(t, admitted)
+        for rep in late:
+            self.driver.arrive_late(rep.worker, rep.runtime_s)
         outcome = self.driver.end()
         self.previous = (began, outcome.cut_s)
-        self._observed(t, began, outcome, reports)
+        self._observed(t, began, outcome, reports + late, admitted)
         # deleted long after, from the janitor's thread: nothing in this loop per rank
         self.janitor.retire([P.ticket_key(t), P.cut_key(t), P.closed_key(t)]
-                            + [P.arrival_key(t, k) for k in range(1, admitted + 1)])  # fmt: skip
+                            + [P.arrival_key(t, k)
+                               for k in range(1, admitted + len(late) + 1)])  # fmt: skip
+
+    def _late_reports(self, t: int, admitted: int) -> list[WorkerReport]:
+        """The reports of iteration t's tickets taken after its close (each a rank that
+        finished its batch too late for the cut), read after every rank passed the
+        all-reduce, which each entered after setting its report."""
+        taken = min(P.tickets_taken(self.c10d, t), self.world)
+        return self._reports(t, admitted + 1, taken)
 
     def _measure_overhead(self, began: float) -> None:
         """The fixed cost of an iteration (its time beyond the c-th arrival: the all-reduce,
@@ -297,8 +343,8 @@ class LoopCoordinator:
         keys = [P.arrival_key(t, k) for k in range(first, last + 1)]
         return [WorkerReport.decode(blob) for blob in self.c10d.multi_get(keys)]
 
-    def _observed(self, t: int, began: float, outcome, reports: list[WorkerReport]) -> None:
-        c = len(reports)
+    def _observed(self, t: int, began: float, outcome, reports: list[WorkerReport],
+                  c: int) -> None:  # fmt: skip
         predicted = self.policy.describe()
         with self.lock:
             self.coordinated[t] = dict(

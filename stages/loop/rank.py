@@ -615,20 +615,21 @@ class Iteration:
             time.sleep(self.delay_s / max(parts, 1))
 
     def _take_ticket(self, runtime: float) -> bool:
-        """Arrive: a ticket taken before the counter was closed admits this rank's gradient,
-        and its report goes under the ticket for the coordinator. The holder of ticket c of an
+        """Arrive: a ticket taken before the counter was closed admits this rank's gradient;
+        the report goes under the ticket for the coordinator either way (a rank that finished
+        its batch after the close has an exact run-time). The holder of ticket c of an
         iteration whose c was announced cuts it first (:func:`~bdsgd.stages.wire.keys.cut_at_limit`)."""
         cut = self.cut
         ticket = P.decode_ticket(cut.c10d.add(P.ticket_key(self.t), 1))
-        if ticket.closed:
-            return False
-        if ticket.number == ticket.limit:
+        if not ticket.closed and ticket.number == ticket.limit:
             P.cut_at_limit(cut.c10d, self.t, ticket.limit)
             cut.cuts_set += 1
+        # a rank too late for the cut but with its whole batch done reports too: its run-time
+        # is known, not censored (the coordinator reads it after the all-reduce)
         report = WorkerReport(cut.rank, self.t, self.began - cut.t0, runtime,
                               self.loss_mean(), self.delay_s)  # fmt: skip
         cut.c10d.set(P.arrival_key(self.t, ticket.number), report.encode())
-        return True
+        return not ticket.closed
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ class IterationDriver:
         self.runtimes = np.zeros(workers)
         self.arrived = np.zeros(workers, dtype=bool)
         self.order: list[int] = []
+        self.late: dict[int, float] = {}  # worker -> run-time: finished after the cut
         self.chosen = self.target = 0
         self.choose_ms = self.revise_ms = 0.0
         self.latest = 0.0  # the longest run-time arrived so far: the present at the last arrival
@@ -70,6 +71,7 @@ class IterationDriver:
         self.runtimes[:] = 0.0
         self.arrived[:] = False
         self.order = []
+        self.late: dict[int, float] = {}
         self.revise_ms = self.latest = self.cut_at = 0.0
         self.next_tick = None
         return self.chosen
@@ -130,6 +132,11 @@ class IterationDriver:
         self.target = self.policy.revise(now_s, self.runtimes.copy(), self.arrived & self.live)
         self.revise_ms = (time.perf_counter() - tic) * 1e3
 
+    def arrive_late(self, worker: int, runtime_s: float) -> None:
+        """A worker that finished its whole batch after the cut (a training loop's rank too late
+        for its ticket): not admitted, but its run-time is exact, not censored at the cut."""
+        self.late[worker] = max(runtime_s, MIN_RUNTIME_S)
+
     def end(self, also_censored: np.ndarray | None = None) -> Outcome:
         """Tell the policy the iteration: arrivals exactly, everyone else censored at the cut
         (``also_censored`` marks arrivals known only as lower bounds, e.g. censored trace
@@ -137,6 +144,8 @@ class IterationDriver:
         cut = max(float(self.runtimes[self.arrived].max()) if self.order else 0.0, self.cut_at)
         runtimes = np.where(self.arrived, self.runtimes, max(cut, MIN_RUNTIME_S))
         censored = ~self.arrived
+        for worker, runtime_s in self.late.items():
+            runtimes[worker], censored[worker] = max(runtime_s, cut), False
         if also_censored is not None:
             censored = censored | also_censored
         self.policy.observe(runtimes, censored)

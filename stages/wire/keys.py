@@ -149,6 +149,11 @@ def tickets_admitted(store, t: int, timeout_s: float) -> tuple[int | None, bool]
     return counter.number, False
 
 
+def tickets_taken(store, t: int) -> int:
+    """Every ticket of iteration t taken so far, admitted or not (the counter's low bits)."""
+    return decode_ticket(store.add(ticket_key(t), 0)).number
+
+
 def closed_key(t: int) -> str:
     """How many tickets of iteration t were admitted, when a rank closed its counter (tickets
     taken after a close still move the counter, so the count is kept here)."""

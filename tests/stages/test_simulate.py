@@ -361,3 +361,17 @@ def test_sample_throughput_is_reported_with_micro_batches():
     assert m["sample_throughput"] == pytest.approx(32.5)  # + a quarter of the slow one's
     plain, _ = compare(["static:3"], run, SimulateConfig(traces=Path("r")))
     assert "sample_throughput" not in plain["static:3"]
+
+
+def test_a_worker_cut_in_its_last_micro_batch_finishes_it_and_is_not_censored():
+    from bdsgd.stages.policies.cutoff import StaticCutoff
+    from bdsgd.stages.policies.driver import IterationDriver
+    from bdsgd.stages.simulate import drive
+
+    runtimes = np.array([0.1, 0.105, 0.4])
+    live = np.ones(3, dtype=bool)
+    out = drive(IterationDriver(StaticCutoff(1), 3), live, runtimes, micro_batches=4)
+    assert out.c == 1 and out.censored.tolist() == [False, False, True]
+    assert out.runtimes.tolist() == pytest.approx([0.1, 0.105, 0.1])
+    plain = drive(IterationDriver(StaticCutoff(1), 3), live, runtimes)
+    assert plain.censored.tolist() == [False, True, True]

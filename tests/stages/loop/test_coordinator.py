@@ -22,12 +22,11 @@ WAIT_S = 60.0  # for the coordinator thread's cut, on a loaded machine
 
 
 def arrive(store, t: int, worker: int, runtime: float, report: bool = True) -> P.Ticket:
-    """A rank's arrival as ``Iteration._take_ticket`` makes it: the ticket, the close and cut
-    if it holds an announced c, and the report (``report=False``: left to :func:`report`)."""
+    """A rank's arrival with its whole batch done, as ``Iteration._take_ticket`` makes it: the
+    ticket, the close and cut if it holds an announced c, and the report, under a refused
+    ticket too (``report=False``: left to :func:`report`)."""
     ticket = P.decode_ticket(store.add(P.ticket_key(t), 1))
-    if ticket.closed:
-        return ticket
-    if ticket.number == ticket.limit:
+    if not ticket.closed and ticket.number == ticket.limit:
         P.cut_at_limit(store, t, ticket.limit)
     if report:
         write_report(store, t, ticket.number, worker, runtime)
@@ -66,12 +65,13 @@ def coordinator(tmp_path):
 
 
 def test_static_cut_admits_the_first_two_tickets_and_censors_the_third(coordinator, tmp_path):
+    """Rank 0 sees the cut between its micro-batches and stops (no ticket): censored at the
+    cut in every iteration."""
     coord, store = coordinator
     for t in range(3):
         coord.begin(t, time.perf_counter())
         assert arrive(store, t, 2, 0.02).number == 1 and arrive(store, t, 1, 0.03).number == 2
         assert wait_cut(store, t) == 2
-        assert arrive(store, t, 0, 0.5).closed  # the late rank's ticket is refused
         coord.rank_values(t, end=time.perf_counter(), loss=0.5, lr=0.1)
     summary = coord.close(3)
     assert summary["iterations"] == 3 and summary["mean_c"] == 2.0
@@ -83,6 +83,25 @@ def test_static_cut_admits_the_first_two_tickets_and_censors_the_third(coordinat
     assert all(r >= 0.03 for r in late["runtime_s"].to_list())  # censored at the cut
     assert not any(rows.filter(pl.col("worker") != 0)["censored"].to_list())
     assert rows.filter(pl.col("worker") == 1)["runtime_s"].to_list() == [0.03] * 3
+
+
+def test_a_rank_that_finished_after_the_cut_is_not_admitted_but_not_censored(coordinator,
+                                                                              tmp_path):  # fmt: skip
+    """Rank 0 finished its whole batch just after the cut: its ticket is refused (its gradient
+    is not among the c), but its run-time is exact, read once the ranks passed the
+    all-reduce: its row is not censored, and the policy's c stays 2."""
+    coord, store = coordinator
+    coord.begin(0, time.perf_counter())
+    arrive(store, 0, 2, 0.02)
+    arrive(store, 0, 1, 0.03)
+    assert wait_cut(store, 0) == 2
+    assert arrive(store, 0, 0, 0.04).closed
+    coord.rank_values(0, end=time.perf_counter(), loss=0.5)
+    summary = coord.close(1)
+    assert summary["mean_c"] == 2.0
+    rows = TraceStore(tmp_path / "traces").read().sort("worker")
+    assert rows["censored"].to_list() == [False, False, False]
+    assert rows["runtime_s"].to_list() == [0.04, 0.03, 0.02] and set(rows["cutoff"]) == {2}
 
 
 def test_a_ticket_taken_before_the_close_is_admitted_and_traced(coordinator, tmp_path):
@@ -111,12 +130,13 @@ def test_the_rank_holding_ticket_c_of_a_fixed_iteration_cuts_it(coordinator, tmp
     assert arrive(store, 0, 2, 0.02) == P.Ticket(1, 2, False)
     assert arrive(store, 0, 1, 0.03, report=False) == P.Ticket(2, 2, False)
     assert store.check([P.cut_key(0)]) and int(store.get(P.closed_key(0))) == 2
-    assert arrive(store, 0, 0, 0.5).closed
+    assert arrive(store, 0, 0, 0.5, report=False).closed
     write_report(store, 0, 2, 1, 0.03)
+    write_report(store, 0, 3, 0, 0.5)  # (rank 0 finished after the cut: an exact run-time)
     coord.rank_values(0, end=time.perf_counter(), loss=0.5)
     assert coord.close(1)["mean_c"] == 2.0
     rows = TraceStore(tmp_path / "traces").read().sort("worker")
-    assert rows["censored"].to_list() == [True, False, False]
+    assert rows["censored"].to_list() == [False, False, False]
 
 
 class Scripted(Policy):
@@ -163,7 +183,9 @@ def limit_becomes(store, t: int, limit: int) -> None:
 
 def coordinated(coord, t: int) -> dict:
     """What the coordinator recorded of iteration t, once it ended it (within the test's wait,
-    far below its own timeout: a coordinator waiting for a report that never comes fails)."""
+    far below its own timeout: a coordinator waiting for a report that never comes fails).
+    The rank passes the iteration's all-reduce first: the coordinator ends it only then."""
+    coord.rank_values(t, end=time.perf_counter())
     deadline = time.monotonic() + WAIT_S
     while t not in coord.coordinated:
         assert time.monotonic() < deadline, f"the coordinator never ended iteration {t}"
