@@ -29,7 +29,7 @@ from bdsgd.stages.model.data import HistoryFilter, Normaliser, host_groups, run_
 from bdsgd.stages.model.draw_nets import DrawNets, logaddexp
 from bdsgd.stages.model.online import OnlineSpread
 from bdsgd.stages.model.runtime_model import HostIndex, RuntimeModel
-from scipy.special import log_ndtr, ndtri_exp
+from scipy.special import expit, log_ndtr, ndtri_exp
 
 DEFAULT_PARTICLES = 64
 LEVEL_T_CLIP = 8.0  # a run's unknown level: at most 8 level_sd from the fitted median
@@ -413,7 +413,7 @@ class Arrivals:
         pick = self.pick_draws(joint).astype(np.int32)
         u = self.rng.random((pick.size, hosts.size))  # one per host
         if self.num_states == 2:
-            p_jump = 1.0 / (1.0 + np.exp(seen[:, 0] - seen[:, 1]))  # (P, hosts waited on)
+            p_jump = expit(seen[:, 1] - seen[:, 0])  # (P, hosts waited on); no overflow
             return pick, u < p_jump[pick]
         calm = np.exp(seen[:, 0] - mixed)  # (P, hosts): P(calm), then P(calm or jumped)
         calm_or_jumped = np.exp(seen[:, 1] - mixed)
