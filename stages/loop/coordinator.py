@@ -57,6 +57,7 @@ MIN_WAIT_S = 0.001  # shortest store wait before a due tick
 PREDICTED = ("pred_q10", "pred_q50", "pred_q90")
 MIN_RANKS_TO_NAME = 3  # with fewer ranks, "slower than the median" says nothing
 SLOW_FACTOR = 1.2  # a rank whose median run-time is this much above the cluster's is named
+CUT_MARGIN = 0.25  # ... or one cut this much more often than the typical rank
 
 
 def cutoff_of(outcome, world: int) -> int | None:
@@ -470,13 +471,15 @@ def slow_ranks(runtimes: list[np.ndarray], censored: list[np.ndarray], hosts: li
                world: int) -> list[dict]:  # fmt: skip
     """Ranks that are persistently slow, slowest first, with their host: a median run-time at
     least ``SLOW_FACTOR`` times the cluster's (censored entries count at their cut, a lower
-    bound), or cut in at least half of the iterations."""
+    bound), or cut in at least half of the iterations and ``CUT_MARGIN`` more often than the
+    typical rank (a policy that cuts at the first arrival cuts every rank often)."""
     if len(runtimes) == 0 or world < MIN_RANKS_TO_NAME:
         return []
     per_rank = np.median(np.stack(runtimes), axis=0)
     typical = float(np.median(per_rank))
     cut_share = np.stack(censored).mean(axis=0)
-    slow = (per_rank >= SLOW_FACTOR * typical) | (cut_share >= 0.5)
+    often = (cut_share >= 0.5) & (cut_share >= float(np.median(cut_share)) + CUT_MARGIN)
+    slow = (per_rank >= SLOW_FACTOR * typical) | often
     return [dict(rank=int(w), host=hosts[w], median_s=float(per_rank[w]),
                  ratio=float(per_rank[w] / typical), cut_share=float(cut_share[w]))
             for w in np.argsort(-per_rank) if slow[w]]  # fmt: skip

@@ -336,3 +336,14 @@ def test_a_resumed_coordinator_feeds_its_policy_the_runs_earlier_iterations(tmp_
     coord.resumed_at(4, "r")
     assert coord.replayed == 4 and seen == [[1.0, 2.0, 3.0]] * 4
     assert coord.run_id == "r" and coord.skip_through == 5
+
+
+def test_ranks_all_cut_often_at_the_first_arrival_are_not_named_slow():
+    from bdsgd.stages.loop.coordinator import slow_ranks
+
+    runtimes = [np.full(4, 0.1) for _ in range(10)]
+    hosts = ["h0", "h1", "h2", "h3"]
+    every = [np.arange(4) != t % 4 for t in range(10)]  # three of four cut, in turn
+    assert slow_ranks(runtimes, every, hosts, 4) == []
+    one = [np.array([True, False, False, False]) for _ in range(10)]  # rank 0 cut every time
+    assert [r["rank"] for r in slow_ranks(runtimes, one, hosts, 4)] == [0]
