@@ -207,6 +207,7 @@ def test_an_online_policy_announces_its_c_and_the_holder_of_that_ticket_cuts(tmp
         tickets = [arrive(store, 0, w, x) for w, x in ((0, 0.01), (1, 0.01), (2, 1.0))[: c + 1]]
         assert tickets[c - 1] == P.Ticket(c, c, False) and tickets[c].closed  # ticket c cut
         assert wait_cut(store, 0) == c and int(store.get(P.closed_key(0))) == c
+        coord.rank_values(0, end=time.perf_counter())  # (the rank passed the all-reduce)
     finally:
         coord.begins.put(None)
         coord.thread.join(WAIT_S)
