@@ -43,8 +43,8 @@ from bdsgd.stages.errors import ConfigError
 from bdsgd.stages.goodput import NoiseSchedule
 from bdsgd.stages.policies.async_driver import AsyncDriver, Update
 from bdsgd.stages.policies.base import Policy
-from bdsgd.stages.policies.driver import IterationDriver, Outcome
 from bdsgd.stages.policies.cutoff import cut_terms
+from bdsgd.stages.policies.driver import IterationDriver, Outcome
 from bdsgd.stages.policies.registry import default_policy_specs, make_policy
 from bdsgd.stages.policies.selfcheck import self_check_report
 from bdsgd.stages.store import RunMatrix, TraceStore
@@ -276,7 +276,9 @@ def drive(
             break
     if micro_batches > 1:
         cut = max(float(runtimes[driver.order].max(initial=0.0)), driver.cut_at)
-        exact = live & np.isfinite(runtimes) & (censored is None or ~censored)
+        exact = live & np.isfinite(runtimes)  # (a censored trace entry is a lower bound)
+        if censored is not None:
+            exact &= ~censored
         for w in np.flatnonzero(exact & (runtimes * (micro_batches - 1) < cut * micro_batches)):
             if w not in driver.order:
                 driver.arrive_late(int(w), float(runtimes[w]))

@@ -99,6 +99,21 @@ class Policy(abc.ABC):
         return {}
 
 
+def forwarded(name: str) -> property:
+    """A setting a wrapping policy holds for the policies it wraps (``self.wrapped()``, the
+    first one read): ``overhead_s = forwarded("overhead_s")``. A driver sets it on the wrapper
+    as on any policy."""
+
+    def get(self):
+        return getattr(self.wrapped()[0], name)
+
+    def put(self, value) -> None:
+        for policy in self.wrapped():
+            setattr(policy, name, value)
+
+    return property(get, put)
+
+
 def observe_run(policy: Policy, run, before: int | None = None) -> int:
     """Feed ``policy`` a run's iterations (before ``before``) as it saw them: arrivals exactly,
     the rest censored; returns how many."""

@@ -71,7 +71,7 @@ class IterationDriver:
         self.runtimes[:] = 0.0
         self.arrived[:] = False
         self.order = []
-        self.late: dict[int, float] = {}
+        self.late = {}
         self.revise_ms = self.latest = self.cut_at = 0.0
         self.next_tick = None
         return self.chosen

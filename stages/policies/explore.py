@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from bdsgd.stages.errors import ConfigError
-from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.base import Policy, forwarded
 
 
 class Exploring(Policy):
@@ -35,21 +35,11 @@ class Exploring(Policy):
         self.explored = 0
         self._exploring = False
 
-    @property
-    def overhead_s(self) -> float:  # type: ignore[override]
-        return self.inner.overhead_s
+    overhead_s = forwarded("overhead_s")  # type: ignore[assignment]
+    salvage_parts = forwarded("salvage_parts")  # type: ignore[assignment]
 
-    @overhead_s.setter
-    def overhead_s(self, value: float) -> None:
-        self.inner.overhead_s = value
-
-    @property
-    def salvage_parts(self) -> int:  # type: ignore[override]
-        return self.inner.salvage_parts
-
-    @salvage_parts.setter
-    def salvage_parts(self, value: int) -> None:
-        self.inner.salvage_parts = value
+    def wrapped(self) -> list[Policy]:
+        return [self.inner]
 
     def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
         self.inner.set_noise_scale(noise_scale, batch_size)

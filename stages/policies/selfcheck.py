@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from bdsgd.stages.policies.base import Policy
+from bdsgd.stages.policies.base import Policy, forwarded
 from bdsgd.stages.policies.cutoff import MonteCarloCutoff, sorted_samples
 from bdsgd.stages.policies.driver import IterationDriver
 from bdsgd.stages.policies.floor import SMALL_N
@@ -144,23 +144,12 @@ class SelfChecking(Policy):
         self.observed = 0  # iterations observed, decided or not
         self.surprise: float | None = None  # the first iteration's distance (far_outside)
 
-    @property
-    def overhead_s(self) -> float:  # type: ignore[override]
-        return self.own.overhead_s
+    overhead_s = forwarded("overhead_s")  # type: ignore[assignment]
+    salvage_parts = forwarded("salvage_parts")  # type: ignore[assignment]
 
-    @overhead_s.setter
-    def overhead_s(self, value: float) -> None:
-        for expert in self.experts:
-            expert.overhead_s = value
-
-    @property
-    def salvage_parts(self) -> int:  # type: ignore[override]
-        return self.own.salvage_parts
-
-    @salvage_parts.setter
-    def salvage_parts(self, value: int) -> None:
-        for expert in self.experts:
-            expert.salvage_parts = value
+    def wrapped(self) -> list[Policy]:
+        """The model's policy first, then the peers: each holds the driver's settings."""
+        return self.experts
 
     def set_noise_scale(self, noise_scale: float | None, batch_size: int) -> None:
         for expert in self.experts:

@@ -205,3 +205,13 @@ def test_on_a_30_iteration_run_of_256_workers_a_losing_model_is_left_within_four
     report = self_check_report(policy)
     assert report["first_leaned"] is not None and report["first_leaned"] <= 4
     assert report["leaned"] >= 30 - 5
+
+
+def test_the_drivers_settings_reach_every_expert():
+    from bdsgd.stages.policies.cutoff import EcdfCutoff, EwmaCutoff
+    from bdsgd.stages.policies.selfcheck import SelfChecking
+
+    policy = SelfChecking(EcdfCutoff(seed=1), [EwmaCutoff(4), EcdfCutoff()])
+    policy.overhead_s, policy.salvage_parts = 0.02, 4
+    assert [(e.overhead_s, e.salvage_parts) for e in policy.experts] == [(0.02, 4)] * 3
+    assert (policy.overhead_s, policy.salvage_parts) == (0.02, 4)
