@@ -118,9 +118,11 @@ def collective_timeout_line(exc: BaseException, timeout_s: float | None) -> str 
     if not any(marker in text for marker in COLLECTIVE_TIMEOUTS):
         return None
     limit = f" ({timeout_s:g} s)" if timeout_s is not None else ""
-    return (f"a collective waited longer than --timeout{limit} for another rank: one rank "
-            "took that long in one iteration (a straggler that no cut ended) or stopped; "
-            "raise --timeout if your iterations can take that long")
+    return (
+        f"a collective waited longer than --timeout{limit} for another rank: one rank "
+        "took that long in one iteration (a straggler that no cut ended) or stopped; "
+        "raise --timeout if your iterations can take that long"
+    )
 
 
 def run_torchrun_rank(job: LoopJob) -> dict | None:

@@ -309,7 +309,8 @@ class Cutoff:
             except ConfigError as exc:
                 error = str(exc)
         error = self._agree(error)
-        if error is not None:
+        if error is not None:  # no close() will follow: let the script's group end cleanly
+            release_default_group()
             raise ConfigError(error)
         return lock
 

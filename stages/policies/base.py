@@ -64,7 +64,8 @@ class Policy(abc.ABC):
     adaptive: bool = True  # whether c depends on what was observed (False: full, static:C)
     noise_scale: float | None = None  # gradient noise scale B in samples (None: unknown)
     batch_size: int = 1  # the per-worker batch B is measured against
-    salvage_parts: int = 0  # micro-batches per step when a cut worker's finished ones count (0: off)
+    # micro-batches per step when a cut worker's finished ones count (0: off)
+    salvage_parts: int = 0
 
     @abc.abstractmethod
     def choose(self, live: np.ndarray) -> int:

@@ -192,5 +192,9 @@ def write(result: str, rank: int, model, seen: dict) -> None:
 
 if __name__ == "__main__":
     arguments = parse()
-    single(arguments) if arguments.single else distributed(arguments)
+    try:
+        single(arguments) if arguments.single else distributed(arguments)
+    finally:  # as docs/library.md asks: a group left alive can abort the exit (group_exit)
+        if dist.is_initialized():
+            dist.destroy_process_group()
     sys.exit(0)

@@ -10,7 +10,13 @@ from bdsgd.stages.fit import FitConfig, run_fit
 from bdsgd.stages.model.checkpoint import NO_RECALIBRATION, load_checkpoint
 from bdsgd.stages.model.evaluate import Filtered, PitCollector, _observed, evaluate
 from bdsgd.stages.model.predictor import predictor_from
-from bdsgd.stages.model.recalibrate import common_slowdown, recalibration_spans
+from bdsgd.stages.model.recalibrate import (
+    WIDENINGS,
+    Span,
+    common_slowdown,
+    recalibration_spans,
+    widening,
+)
 from bdsgd.stages.store import RunMatrix, TraceStore, matrix_rows
 
 
@@ -140,3 +146,38 @@ def test_filtering_each_run_once_changes_nothing(tmp_path):
     shared = evaluate(recalibrated, [run], 0.2, 64, 3, calibration_skip=0.5, filtered=filtered)
     assert shared == evaluate(recalibrated, [run], 0.2, 64, 3, calibration_skip=0.5)
     assert len(filtered._kept) == 1  # one run, one start: filtered once
+
+
+def _span(values: np.ndarray, tail: float = 0.0) -> Span:
+    """The span of ``values`` under a unit normal bulk widened by each of :data:`WIDENINGS`,
+    with a share ``tail`` of a wide component 12 units up (a host's jump)."""
+    from scipy.special import ndtr
+    from scipy.stats import norm
+
+    pits, scores = [], []
+    for f in WIDENINGS:
+        bulk, jump = norm(0.0, f), norm(12.0, 1.0)
+        pits.append((1 - tail) * ndtr(values / f) + tail * jump.cdf(values))
+        scores.append(np.log((1 - tail) * bulk.pdf(values) + tail * jump.pdf(values)).sum())
+    return Span(pits, np.array(scores))
+
+
+def test_an_under_spread_bulk_is_widened_to_its_spread():
+    values = np.random.default_rng(0).normal(0.0, 1.35, 4000)
+    assert WIDENINGS[widening(_span(values))] == 1.35
+
+
+def test_a_calibrated_bulk_is_not_widened():
+    values = np.random.default_rng(0).normal(0.0, 1.0, 4000)
+    assert widening(_span(values)) == 0
+
+
+def test_values_only_a_tail_covers_do_not_widen_the_bulk():
+    # a calibrated bulk and 12% host spells the model gives a 1% chance: their PITs sit near 1,
+    # under-covered, and no widening of the bulk covers 90% of the values; widening for them
+    # (the widest factor, before) made the bulk twice as wide as it is
+    rng = np.random.default_rng(1)
+    values = np.where(rng.random(4000) < 0.12, rng.normal(12.0, 1.0, 4000), rng.normal(0, 1, 4000))
+    span = _span(values, tail=0.01)
+    assert np.mean((span.pits[0] >= 0.05) & (span.pits[0] <= 0.95)) < 0.85  # the gate opens
+    assert widening(span) == 0
