@@ -8,7 +8,8 @@ slowdown all workers share beyond what the model predicts (so that x_(c) is cali
 :mod:`bdsgd.stages.model.evaluate` scores the
 held-out part for the model and the ``window``/``ewma`` baselines, :func:`assess` marks the
 model unusable where those scores say a policy should not lean on it (``usable`` in the
-checkpoint's summary, with one line on stderr), and the checkpoint is written. The steps scale
+checkpoint's summary, with one line on stderr; ``probation`` where only its calibration
+failed), and the checkpoint is written. The steps scale
 with the data (:func:`auto_steps`) and training stops early when the ELBO of the held-out
 part's first half stops improving (:class:`EarlyStop`); a store whose runs are all shorter
 than :data:`MIN_ITERATIONS` is refused.
@@ -208,6 +209,9 @@ class FitResult:
     a policy runs its fallback from the first iteration on a model that does not)."""
     unusable_reason: str | None = None
     """Why not, in one line (None where usable)."""
+    probation: bool = False
+    """Not usable only for its calibration: ``bdsgd`` runs the model in its peers' shadow and
+    lets it decide once its record leads theirs (:func:`assess`)."""
 
     def to_json(self) -> dict:
         return {
@@ -215,6 +219,7 @@ class FitResult:
             "planned_steps": self.planned_steps,
             "usable": self.usable,
             "unusable_reason": self.unusable_reason,
+            "probation": self.probation,
             "step_workers": self.step_workers,
             "val_nll": self.val_nll,
             "baseline_nll": self.baseline_nll,
@@ -311,15 +316,20 @@ def ks_bar(count: int) -> float:
     return max(USABLE_KS, float(smirnovi(max(count, 1), USABLE_KS_P)))
 
 
-def assess(result: FitResult, runs: list[RunMatrix], holdout: float = 0.2) -> str | None:
-    """Why the fitted model is not fit for a policy to lean on, in one line, or None: its
-    held-out NLL is not finite or worse than the ``window`` baseline's, the held-out PIT KS of
-    the run-times or of x_(c) is above :func:`ks_bar` of its count, or the calibration scored
-    fewer than :data:`MIN_SCORED_ITERATIONS` iterations (too few to tell). A fit without a
+def assess(
+    result: FitResult, runs: list[RunMatrix], holdout: float = 0.2
+) -> tuple[str, bool] | None:
+    """Why the fitted model is not fit for a policy to lean on, in one line, and whether only
+    its calibration failed (the model goes on probation), or None. Unusable: its held-out NLL
+    is not finite or worse than the ``window`` baseline's, or the calibration scored fewer than
+    :data:`MIN_SCORED_ITERATIONS` iterations (too few to tell). On probation, where neither
+    holds: the held-out PIT KS of the run-times or of x_(c) is above :func:`ks_bar` of its
+    count (``bdsgd`` then starts on its simple peers and lets the model decide only once its
+    record in their shadow leads: :mod:`bdsgd.stages.policies.selfcheck`). A fit without a
     held-out part is not assessed."""
     if result.val_nll is None:
         return None
-    problems = []
+    problems, calibration = [], []
     scored = scored_iterations(runs, holdout)
     if scored < MIN_SCORED_ITERATIONS:
         problems.append(f"its calibration scored {scored} held-out iterations, too few to tell "
@@ -332,22 +342,33 @@ def assess(result: FitResult, runs: list[RunMatrix], holdout: float = 0.2) -> st
         scores = (result.calibration or {}).get(key) or {}
         ks, count = scores.get("ks"), scores.get("count", 0)
         if ks is not None and ks > ks_bar(count):
-            problems.append(f"held-out PIT KS of {label} {ks:.3f} is above {ks_bar(count):.3f}")
-    if not problems:
+            calibration.append(f"held-out PIT KS of {label} {ks:.3f} is above {ks_bar(count):.3f}")
+    if not problems and not calibration:
         return None
     longest = max(run.shape[0] for run in runs)
+    advice = f"profile longer (at least {max(PROFILE_ITERATIONS, 2 * longest)} iterations)"
+    if not problems:
+        return (
+            f"the model is not calibrated on held-out data ({'; '.join(calibration)}) and is "
+            f"marked uncalibrated: bdsgd plays its simple peers until the model's record beats "
+            f"theirs; {advice} to calibrate it, or train with --policy ecdf",
+            True,
+        )
     return (
-        f"the model is not calibrated on held-out data ({'; '.join(problems)}) and is marked "
-        f"unusable: profile longer (at least {max(PROFILE_ITERATIONS, 2 * longest)} "
-        "iterations), or train with --policy ecdf"
+        f"the model is not calibrated on held-out data ({'; '.join(problems + calibration)}) "
+        f"and is marked unusable: {advice}, or train with --policy ecdf",
+        False,
     )
 
 
 def _marked(fitted: Fitted, runs: list[RunMatrix]) -> Fitted:
     """``fitted`` with :func:`assess`'s verdict in its result and in its checkpoint's summary
-    (``usable``, ``unusable_reason``: :attr:`Checkpoint.usable`)."""
-    reason = assess(fitted.result, runs, fitted.checkpoint.fit_config["holdout"])
-    mark = {"usable": reason is None, "unusable_reason": reason}
+    (``usable``, ``unusable_reason``, ``probation``: :attr:`Checkpoint.usable`)."""
+    reason, probation = assess(fitted.result, runs, fitted.checkpoint.fit_config["holdout"]) or (
+        None,
+        False,
+    )
+    mark = {"usable": reason is None, "unusable_reason": reason, "probation": probation}
     ckpt = dataclasses.replace(fitted.checkpoint, summary={**fitted.checkpoint.summary, **mark})
     return Fitted(ckpt, dataclasses.replace(fitted.result, **mark))
 

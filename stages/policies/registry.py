@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 from bdsgd.stages.console import console
 from bdsgd.stages.errors import CheckpointError, ConfigError
@@ -105,12 +106,13 @@ def _build(
     if kind == "adasync":
         return AdaSync(_count(arg, spec, None) if arg else _adasync_period(num_workers, iterations))
     if kind == "bdsgd":
-        predictor, unusable = _load_predictor(checkpoint, num_workers, hosts, seed)
+        predictor, mark = _load_predictor(checkpoint, num_workers, hosts, seed)
         num_samples = decision_samples(num_samples, num_workers)
         own = BdsgdCutoff(predictor, num_samples=num_samples, **mc)
-        if unusable is not None:
-            policy = with_self_check(own, num_workers, seed, num_samples, mc, trusted=False)
-            console.print(fallback_message(spec, checkpoint, unusable, policy), soft_wrap=True)
+        if mark is not None:
+            policy = with_self_check(own, num_workers, seed, num_samples, mc, trusted=False,
+                                     probation=mark.probation)  # fmt: skip
+            console.print(fallback_message(spec, checkpoint, mark, policy), soft_wrap=True)
             return policy
         if not checked:
             own.name += f":{UNCHECKED}"
@@ -135,23 +137,36 @@ def decision_samples(num_samples: int, num_workers: int) -> int:
 
 
 def with_self_check(
-    own, num_workers: int, seed: int, num_samples: int, mc: dict, trusted: bool = True
+    own,
+    num_workers: int,
+    seed: int,
+    num_samples: int,
+    mc: dict,
+    trusted: bool = True,
+    probation: bool = False,
 ) -> SelfChecking:
     """``own`` (bdsgd) watched by its simple peers, ``ewma`` and ``ecdf`` with the same objective
     and goodput setting and a fixed c (``bdsgd.stages.policies.selfcheck``). ``trusted`` False
-    (a checkpoint marked unusable): the peers decide from the first iteration, never the model."""
+    (a checkpoint marked unusable): the peers decide from the first iteration, never the model;
+    with ``probation`` (marked only uncalibrated) until the model's shadow record leads."""
     peer = {**mc, "stopping": "fixed"}
     peers = [
         EwmaCutoff(num_workers, num_samples=num_samples, seed=seed, **peer),
         EcdfCutoff(num_samples=num_samples, seed=seed, **peer),
     ]
-    return SelfChecking(own, peers, min_scored=record_needed(num_workers), trusted=trusted)
+    return SelfChecking(own, peers, min_scored=record_needed(num_workers), trusted=trusted,
+                        probation=probation)  # fmt: skip
 
 
-def fallback_message(spec: str, checkpoint, reason: str, policy: SelfChecking) -> str:
-    """The one line a ``bdsgd`` policy built from an unusable checkpoint prints."""
+def fallback_message(spec: str, checkpoint, mark: Mark, policy: SelfChecking) -> str:
+    """The one line a ``bdsgd`` policy built from a marked checkpoint prints."""
     peers = ", ".join(e.name for e in policy.experts[1:])
-    why = f" ({reason})" if reason else ""
+    why = f" ({mark.reason})" if mark.reason else ""
+    if mark.probation:
+        return (
+            f"[yellow]{spec}: {checkpoint} is marked uncalibrated{why}; playing its simple "
+            f"peers ({peers}) until the model's own record in their shadow leads them[/]"
+        )
     return (
         f"[yellow]{spec}: {checkpoint} is marked unusable{why}; playing its simple peers "
         f"({peers}) from the first iteration[/]"
@@ -176,19 +191,28 @@ def _load_predictor(checkpoint, num_workers: int, hosts: list[str] | None, seed:
     ckpt = load_checkpoint(checkpoint)
     check_same_cluster(ckpt.vocab.host_names, hosts, checkpoint)
     predictor = predictor_from(ckpt, workers=list(range(num_workers)), hosts=hosts, seed=seed)
-    return predictor, unusable_reason(ckpt)
+    return predictor, fit_mark(ckpt)
 
 
-def unusable_reason(ckpt) -> str | None:
-    """Why ``fit`` marked the checkpoint unusable (``usable`` False in its summary, the first
-    line of ``unusable_reason``; "" without one); None for a usable checkpoint or one without
-    the mark."""
+@dataclass(frozen=True)
+class Mark:
+    """``fit``'s mark on a checkpoint it would not have a policy lean on: why (the first line of
+    ``unusable_reason``; "" without one), and whether only its calibration failed
+    (``probation``: the model may still earn its place in the self-check's shadow)."""
+
+    reason: str
+    probation: bool
+
+
+def fit_mark(ckpt) -> Mark | None:
+    """The checkpoint's :class:`Mark` (``usable`` False in its summary); None for a usable
+    checkpoint or one without the mark. A checkpoint written before ``probation`` has none."""
     summary = getattr(ckpt, "summary", None)
     summary = summary if isinstance(summary, dict) else {}
     if bool(summary.get("usable", True)):
         return None
     reason = str(summary.get("unusable_reason") or "").strip()
-    return reason.splitlines()[0] if reason else ""
+    return Mark(reason.splitlines()[0] if reason else "", summary.get("probation") is True)
 
 
 def check_same_cluster(known: tuple[str, ...], hosts: list[str] | None, checkpoint) -> None:

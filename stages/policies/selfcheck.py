@@ -36,7 +36,12 @@ workers the check can lean from its fourth decision. On a cluster of at most 16 
 
 A policy built from a checkpoint that ``fit`` marked unusable (``trusted`` False) never lets the
 model decide, nor runs it: it plays the first peer from the first iteration and then the best
-peer by the same scores.
+peer by the same scores. One that ``fit`` marked only uncalibrated (``probation``: its held-out
+NLL beat the pooled window's, its PITs did not pass) starts the same way, but runs and scores the
+model in the shadow like any peer: once the model's record is full and its rate leads the peer
+followed by more than ``margin``, the model decides, and from then on the rules above apply.
+A job whose short profile left the model's shape off (a host's slow spells, the EWMAs dragged up
+after them) thus gets the model where it pays and its peers where it does not.
 
 It does not wait for a record when the run's **first iteration lies far outside the model's
 predictive** (:func:`far_outside`: its level, the median log run-time, more than
@@ -123,9 +128,12 @@ class SelfChecking(Policy):
         margin: float = 0.01,
         min_scored: int = 20,
         trusted: bool = True,
+        probation: bool = False,
     ) -> None:
         self.own = own
-        self.trusted = trusted or not peers  # False: the peers decide, never own
+        self.trusted = trusted or not peers  # False: the peers decide (own never, or on probation)
+        self.probation = probation and not self.trusted  # own runs in the shadow, may earn trust
+        self.marked = None if self.trusted else "probation" if self.probation else "unusable"
         self.experts: list[MonteCarloCutoff] = [own, *peers]
         self.scores = [ShadowScore(alpha) for _ in self.experts]
         self.margin = margin
@@ -143,6 +151,7 @@ class SelfChecking(Policy):
         self.leaned_to: dict[str, int] = {}
         self.observed = 0  # iterations observed, decided or not
         self.surprise: float | None = None  # the first iteration's distance (far_outside)
+        self.earned_at: int | None = None  # on probation: the decision from which own decided
 
     overhead_s = forwarded("overhead_s")  # type: ignore[assignment]
     salvage_parts = forwarded("salvage_parts")  # type: ignore[assignment]
@@ -184,7 +193,7 @@ class SelfChecking(Policy):
         played = self._played
         outcomes = []
         for i, expert in enumerate(self.experts):
-            if i == 0 and not self.trusted:
+            if i == 0 and self.shelved:
                 outcomes.append((0, 0.0, False))  # the model is neither run nor scored
             elif i == played:
                 seconds = float(runtimes[arrived].max(initial=0.0)) + expert.overhead_s
@@ -194,7 +203,7 @@ class SelfChecking(Policy):
                 outcomes.append(shadow_outcome(expert, live, runtimes, arrived, referee))
         for i, expert in enumerate(self.experts):
             gradients, seconds, exact = outcomes[i]
-            if i == 0 and not self.trusted:
+            if i == 0 and self.shelved:
                 continue
             if i == played:
                 expert.observe(runtimes, censored)
@@ -209,12 +218,27 @@ class SelfChecking(Policy):
         if self.observed == 0 and self.trusted:
             self.surprise = far_outside(self.own._ordered, runtimes, live)
         self.observed += 1
-        if not self.trusted:
+        if self.probation and self.earned():
+            self.trusted, self.probation, self.leader = True, False, 0
+            self.earned_at = self.decided
+        elif not self.trusted:
             self.leader = self.best_peer()
         elif self.surprise is not None and abs(self.surprise) > SURPRISE_Z and self.observed == 1:
             self.leader = self.surprised()
         else:
             self.leader = self.next_leader()
+
+    @property
+    def shelved(self) -> bool:
+        """The model is neither run nor scored (a checkpoint marked unusable)."""
+        return not self.trusted and not self.probation
+
+    def earned(self) -> bool:
+        """On probation: the model's record is full and its rate leads the peer followed by
+        more than ``margin``."""
+        rates = [s.rate() for s in self.scores]
+        full = self.scores[0].count >= self.min_scored
+        return full and rates[0] > rates[self.leader] * (1 + self.margin)
 
     def best_peer(self) -> int:
         """The peer followed while the model may not decide: the one followed so far unless
@@ -263,7 +287,9 @@ class SelfChecking(Policy):
             "first_leaned": self.first_leaned,
             "leaned_to": dict(self.leaned_to),
             "first_iteration_z": None if self.surprise is None else round(self.surprise, 2),
-            "model_usable": self.trusted,
+            "model_usable": self.marked is None,
+            "on_probation": self.marked == "probation",
+            "earned_at": self.earned_at,
             "rates": {
                 e.name: round(s.rate(), 6) for e, s in zip(self.experts, self.scores, strict=True)
             },

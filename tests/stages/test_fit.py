@@ -537,6 +537,7 @@ def test_a_30_iteration_3_worker_profile_is_refused_or_marked_unusable(tmp_path,
         assert "\n" not in str(err)
         return
     assert not result.usable and "profile longer" in result.unusable_reason
+    assert not result.probation  # too few held-out iterations to tell: the model never decides
     payload = torch.load(result.checkpoint, weights_only=True)
     assert payload["summary"]["usable"] is False
     assert payload["summary"]["unusable_reason"] == result.unusable_reason
@@ -561,21 +562,25 @@ def _result(val_nll=-1.0, window=-0.5, ks=0.05, count=6400, order_ks=0.05, order
 def test_assess_marks_a_model_worse_than_the_window_or_off_beyond_its_noise():
     runs = [RunMatrix("r", np.ones((120, 4)), np.zeros((120, 4), bool), np.ones((120, 4), bool),
                       ("h",) * 4)]  # fmt: skip
-    assert fit.assess(_result(), runs) is None
-    assert "worse than the pooled window" in fit.assess(_result(val_nll=834.7), runs)
-    assert "worse than the pooled window" in fit.assess(_result(val_nll=float("nan")), runs)
+    def why(result, among=runs) -> str | None:
+        verdict = fit.assess(result, among)
+        return None if verdict is None else verdict[0]
+
+    assert why(_result()) is None
+    assert "worse than the pooled window" in why(_result(val_nll=834.7))
+    assert "worse than the pooled window" in why(_result(val_nll=float("nan")))
     # the bar is scaled to the values scored: 0.2 is noise over 48 values, not over 6,400
-    assert fit.assess(_result(ks=0.2, count=48), runs) is None
-    reason = fit.assess(_result(ks=0.2, count=6400), runs)
+    assert why(_result(ks=0.2, count=48)) is None
+    reason = why(_result(ks=0.2, count=6400))
     assert "run-times 0.200" in reason and "at least 240 iterations" in reason
-    assert "x_(c)" in fit.assess(_result(order_ks=0.4, order_count=200), runs)
+    assert "x_(c)" in why(_result(order_ks=0.4, order_count=200))
     assert fit.ks_bar(48) > fit.ks_bar(480) >= fit.ks_bar(6400) == fit.USABLE_KS
     no_holdout = dataclasses.replace(_result(), val_nll=None, calibration=None)
     assert fit.assess(no_holdout, runs) is None
     # a held-out part too short to judge: 30 iterations score 3
     short = _runs(3, 30)
     assert fit.scored_iterations(short, 0.2) == 3 and fit.scored_iterations(runs, 0.2) == 12
-    assert "scored 3 held-out iterations, too few" in fit.assess(_result(), short)
+    assert "scored 3 held-out iterations, too few" in why(_result(), short)
     assert fit.scored_iterations(_runs(4, 100), 0.2) == fit.MIN_SCORED_ITERATIONS
 
 
@@ -691,3 +696,13 @@ def test_the_bar_counts_the_steps_planned_less_those_an_early_stop_left():
         bar.plan(200)
         task = bar.progress.tasks[0]
         assert (task.total, task.completed) == (240, 40)
+
+
+def test_a_model_only_uncalibrated_goes_on_probation_and_a_worse_one_is_unusable():
+    runs = _runs(4, 200)
+    reason, probation = fit.assess(_result(ks=0.3), runs)
+    assert probation and "marked uncalibrated" in reason and "--policy ecdf" in reason
+    reason, probation = fit.assess(_result(val_nll=0.0, ks=0.3), runs)
+    assert not probation and "marked unusable" in reason and "worse than the pooled" in reason
+    reason, probation = fit.assess(_result(ks=0.3), _runs(3, 30))  # too few to tell
+    assert not probation and "marked unusable" in reason

@@ -215,3 +215,34 @@ def test_the_drivers_settings_reach_every_expert():
     policy.overhead_s, policy.salvage_parts = 0.02, 4
     assert [(e.overhead_s, e.salvage_parts) for e in policy.experts] == [(0.02, 4)] * 3
     assert (policy.overhead_s, policy.salvage_parts) == (0.02, 4)
+
+
+def on_probation(predictor: LogNormalPredictor) -> SelfChecking:
+    own = BdsgdCutoff(predictor, stopping="fixed")
+    return with_self_check(own, WORKERS, seed=0, num_samples=256, mc={"objective": "long-run"},
+                           trusted=False, probation=True)  # fmt: skip
+
+
+def test_a_model_on_probation_decides_once_its_record_leads_its_peers():
+    # the right model of a load the peers cannot foresee, marked uncalibrated by fit: scored with
+    # its peers on the recorded history (exact), its record leads theirs at the first decision
+    load = np.log(3.0)
+    policy = on_probation(LogNormalPredictor(MU, SIGMA, load))
+    assert policy.leader != 0  # before any record: a peer
+    result = replay(policy, independent_tails(load=load), start=300, overhead_s=0.0)
+    report = self_check_report(policy)
+    assert report["on_probation"] and not report["model_usable"]
+    assert report["earned_at"] == 0 and policy.trusted and not policy.probation
+    assert all(p is None for p in result.columns["peer"])
+    assert report["rates"][policy.name] > 1.05 * max(
+        report["rates"]["ewma"], report["rates"]["ecdf"]
+    )
+
+
+def test_a_wrong_model_on_probation_never_decides():
+    wrong = on_probation(LogNormalPredictor(MU - 0.5, 0.02))
+    result = replay(wrong, independent_tails(), start=100, overhead_s=0.0)
+    report = self_check_report(wrong)
+    assert report["earned_at"] is None and report["leaned_share"] == 1.0
+    assert all(p is not None for p in result.columns["peer"])
+    assert report["rates"][wrong.name] > 0  # scored in the shadow all along

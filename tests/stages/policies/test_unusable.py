@@ -64,3 +64,16 @@ def test_a_checkpoint_without_the_mark_or_marked_usable_is_used(tmp_path, capsys
     assert policy.trusted and policy.leader == 0
     played = replay(policy, job(5), start=0, overhead_s=0.0)
     assert played.columns["peer"][0] is None
+
+
+def test_an_uncalibrated_checkpoint_puts_the_model_on_probation(tmp_path, capsys):
+    summary = {"usable": False, "unusable_reason": REASON, "probation": True}
+    policy = make_policy("bdsgd", 4, write_checkpoint(tmp_path / "m.pt", summary), list(HOSTS))
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "marked uncalibrated" in err and "until the model's own record" in err
+    assert isinstance(policy, SelfChecking) and not policy.trusted and policy.probation
+    played = replay(policy, job(), start=0, overhead_s=0.0)
+    assert played.columns["peer"][0] == "ewma"  # the peers decide first
+    report = self_check_report(policy)
+    assert report["on_probation"] and report["rates"][policy.name] > 0  # the model is scored
