@@ -172,6 +172,31 @@ def profile_fit(seed: int = 0, iterations: int = 120, workers: int = 4, **fit_kw
                 "next_run": next_run_scores(config.checkpoint, following, hosts)}  # fmt: skip
 
 
+def job_profile_fit(preset: str, iterations: int = 120) -> dict:
+    """The documented profile of an emulated job (``job:PRESET``, 4 CPU ranks on the loop,
+    seed 0), ``fit`` with its defaults, and :func:`next_run_scores` on a second profile of the
+    same job (seed 1), from its first iteration: what ``train`` meets.
+    ``.venv/bin/python -c "from benchmarks.bench_fit import job_profile_fit as f;
+    print(f('host_spells'))"``"""
+    from bdsgd.stages.profile import ProfileConfig, run_profile
+    from bdsgd.stages.store import TraceStore
+
+    common = dict(workers=4, iterations=iterations, stragglers=f"job:{preset}", workload="cnn",
+                  batch_size=32, micro_batches=4, allow_oversubscribe=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for seed, name in ((0, "profile"), (1, "next")):
+            run_profile(ProfileConfig(traces=root / name, seed=seed, **common))
+        config = FitConfig(traces=root / "profile", checkpoint=root / "m.pt", progress=False)
+        began = time.perf_counter()
+        result = run_fit(config)
+        wall_s = time.perf_counter() - began
+        (following,) = TraceStore(root / "next").run_matrices()
+        scores = next_run_scores(config.checkpoint, following.runtimes, list(following.hosts))
+        return {"wall_s": wall_s, **result.to_json(), "next_run": scores,
+                "common": list(load_checkpoint(config.checkpoint).common)}  # fmt: skip
+
+
 def cost_row(workers: int, short: int = 200, steps: int = 12) -> dict:
     """The CPU cost of an SVI step and of a trace iteration at ``workers``: fits with 2 and
     ``steps`` steps of ``short`` iterations, and with 2 steps of twice as many."""

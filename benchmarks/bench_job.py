@@ -86,7 +86,22 @@ def job_table(root: Path, preset: str, iterations: int) -> list[str]:
             f"{s['mean_c']:.2f} | {s['throughput']:.2f} | {'-' if ttl is None else f'{ttl:.1f}'} "
             f"| {speedup} | {s['decision_ms_p50']:.2f} / {s['decision_ms_p99']:.2f} |"
         )
-    return lines
+    return lines + ["", self_check_line(runs["bdsgd"][0].get("self_check"))]
+
+
+def self_check_line(check: dict | None) -> str:
+    """Who decided bdsgd's iterations: the model, or its peers (and from when the model)."""
+    if not check:
+        return "bdsgd: no self-check"
+    mark = "usable" if check["model_usable"] else (
+        "uncalibrated (probation)" if check.get("on_probation") else "unusable")  # fmt: skip
+    earned = check.get("earned_at")
+    return (
+        f"bdsgd's model: marked {mark}; its peers decided {check['leaned']} of "
+        f"{check['decided']} iterations"
+        + ("" if earned is None else f"; the model decided from decision {earned} on")
+        + f"; rates (grad/s) {check['rates']}"
+    )
 
 
 def rank0_table(root: Path, iterations: int) -> list[str]:

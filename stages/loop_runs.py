@@ -179,7 +179,8 @@ def check_policy(cfg, policy: str) -> None:
     """The inputs and the policy build (a missing model, an unknown name) before any rank
     starts."""
     hosts = check_inputs(cfg)
-    built = make_policy(policy, cfg.workers, cfg.checkpoint, list(hosts), seed=cfg.seed)
+    with console.capture():  # what building it says, rank 0's coordinator says once it runs
+        built = make_policy(policy, cfg.workers, cfg.checkpoint, list(hosts), seed=cfg.seed)
     if built.mode != "sync" or policy == "oracle":
         raise ConfigError(f"policy {policy!r} does not run on the loop (synchronous cutoff "
                           "policies do: full, static:C, elfving, ecdf, ewma, bdsgd, ...)")  # fmt: skip

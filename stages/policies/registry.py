@@ -161,12 +161,12 @@ def with_self_check(
 def fallback_message(spec: str, checkpoint, mark: Mark, policy: SelfChecking) -> str:
     """The one line a ``bdsgd`` policy built from a marked checkpoint prints."""
     peers = ", ".join(e.name for e in policy.experts[1:])
-    why = f" ({mark.reason})" if mark.reason else ""
-    if mark.probation:
+    if mark.probation:  # (its reason, fit's line, says what this line says and more)
         return (
-            f"[yellow]{spec}: {checkpoint} is marked uncalibrated{why}; playing its simple "
+            f"[yellow]{spec}: {checkpoint} is marked uncalibrated by fit; playing its simple "
             f"peers ({peers}) until the model's own record in their shadow leads them[/]"
         )
+    why = f" ({mark.reason})" if mark.reason else ""
     return (
         f"[yellow]{spec}: {checkpoint} is marked unusable{why}; playing its simple peers "
         f"({peers}) from the first iteration[/]"

@@ -364,6 +364,14 @@ def lean_message(name: str, report: dict | None) -> str | None:
     if not report or not report["leaned"]:
         return None
     peers = ", ".join(f"{peer} {count}" for peer, count in report["leaned_to"].items())
+    if report.get("on_probation"):
+        earned = report.get("earned_at")
+        how = ("the model never led them" if earned is None
+               else f"the model decided from its decision {earned} on, when its record led")  # fmt: skip
+        return (
+            f"[yellow]{name}'s model was marked uncalibrated: its simple peers decided "
+            f"{report['leaned']} of {report['decided']} iterations ({peers}); {how}[/]"
+        )
     return (
         f"[yellow]{name} leaned on a simple peer in {report['leaned']} of {report['decided']} "
         f"iterations ({peers}; first at its decision {report['first_leaned']}): its own "

@@ -562,6 +562,7 @@ def _result(val_nll=-1.0, window=-0.5, ks=0.05, count=6400, order_ks=0.05, order
 def test_assess_marks_a_model_worse_than_the_window_or_off_beyond_its_noise():
     runs = [RunMatrix("r", np.ones((120, 4)), np.zeros((120, 4), bool), np.ones((120, 4), bool),
                       ("h",) * 4)]  # fmt: skip
+
     def why(result, among=runs) -> str | None:
         verdict = fit.assess(result, among)
         return None if verdict is None else verdict[0]

@@ -246,3 +246,5 @@ def test_a_wrong_model_on_probation_never_decides():
     assert report["earned_at"] is None and report["leaned_share"] == 1.0
     assert all(p is not None for p in result.columns["peer"])
     assert report["rates"][wrong.name] > 0  # scored in the shadow all along
+    assert "marked uncalibrated" in lean_message("bdsgd", report)
+    assert "never led them" in lean_message("bdsgd", report)
