@@ -45,6 +45,7 @@ from bdsgd.stages.model.checkpoint import (
 )
 from bdsgd.stages.model.clipped_adam import FusedClippedAdam
 from bdsgd.stages.model.data import (
+    ANCHOR_Q,
     DEFAULT_FEATURES,
     NUM_FEATURES,
     PER_ENTRY,
@@ -726,7 +727,11 @@ def _setup_model(
             hidden=config.hidden,
             recovery=config.host_drops,
         )
-        return RuntimeModel(cfg), Normaliser.fit(train_runs, anchored=True), vocab
+        return (
+            RuntimeModel(cfg),
+            Normaliser.fit(train_runs, anchored=True, anchor_q=ANCHOR_Q),
+            vocab,
+        )
     cfg = ModelConfig(
         **{
             **prior.model.cfg.to_dict(),

@@ -32,11 +32,14 @@ from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 from bdsgd.stages.safe_load import load_plain, save_atomic
 
 FORMAT = "bdsgd-runtime-model"
-VERSION = 7
-READS = (4, 5, 6, 7)
+VERSION = 8
+READS = (4, 5, 6, 7, 8)
+WITH_REGIME = 7  # the version a model with the host-regime features, anchored at the median, is
 WITH_DROPS = 6  # the version a model with host drops but not the regime features is written as
 WITHOUT_DROPS = 5  # ... and one without either (a bdsgd before them reads it)
-"""The versions this bdsgd reads: 7 is a model with the host-regime features (``num_features``
+"""The versions this bdsgd reads: 8 is any model whose runs are anchored at a quantile of their
+first iteration other than the median (``norm["anchor_q"]``, every fit since
+:data:`bdsgd.stages.model.data.ANCHOR_Q`); 7 is a model with the host-regime features (``num_features``
 14), with or without drops; 6 is 5 with a host's drop; 5 has neither (its ``model_config`` has
 no ``recovery``); 4 is 5 without the run-position features (no ``num_features``). A fit writes
 the oldest that holds its model (:func:`file_version`: 7 only with ``fit --host-regime``). A
@@ -135,7 +138,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         del config["recovery"]
     payload = {
         "format": FORMAT,
-        "version": file_version(ckpt.model.cfg),
+        "version": file_version(ckpt.model.cfg, ckpt.norm),
         "model_config": config,
         "state_dict": {k: v.detach().clone() for k, v in ckpt.model.state_dict().items()},
         "norm": norm_dict(ckpt.norm),
@@ -250,6 +253,8 @@ def norm_dict(norm: Normaliser) -> dict:
         out.update(anchored=True, level_sd=float(norm.level_sd))
         if norm.level_dof:
             out["level_dof"] = int(norm.level_dof)
+        if norm.anchor_q != 0.5:
+            out["anchor_q"] = float(norm.anchor_q)
     return out
 
 
@@ -264,12 +269,15 @@ def _normaliser(norm: dict) -> Normaliser:
     level_dof = norm.get("level_dof", 0)  # (absent: a normal, as fits before the t wrote)
     if type(level_dof) is not int or not 0 <= level_dof <= MAX_LEVEL_DOF:  # (not a bool)
         raise ValueError(f"norm level_dof {level_dof!r} is not an integer in 0..{MAX_LEVEL_DOF}")
+    anchor_q = float(norm.get("anchor_q", 0.5))  # (absent: the median, as fits before)
+    if not 0.0 < anchor_q < 1.0:
+        raise ValueError(f"norm anchor_q {anchor_q} is not in (0, 1)")
     if not abs(loc) <= MAX_ABS_LOC:
         raise ValueError(f"norm loc {loc} is not a finite number within +-{MAX_ABS_LOC:g}")
     low, high = SCALE_RANGE
     if not low <= scale <= high:
         raise ValueError(f"norm scale {scale} is not in {low:g}..{high:g}")
-    return Normaliser(loc, scale, anchored, level_sd, level_dof)
+    return Normaliser(loc, scale, anchored, level_sd, level_dof, anchor_q)
 
 
 def _common(saved) -> tuple[float, float, float, float]:
@@ -295,10 +303,13 @@ def _read_payload(path: Path) -> dict:
     return payload
 
 
-def file_version(cfg: ModelConfig) -> int:
-    """The oldest version that holds a model of ``cfg`` (a bdsgd before it reads the file)."""
-    if cfg.num_features == NUM_FEATURES:
+def file_version(cfg: ModelConfig, norm: Normaliser | None = None) -> int:
+    """The oldest version that holds a model of ``cfg`` normalised by ``norm`` (a bdsgd before
+    it reads the file; one before version 8 would anchor every run at its median)."""
+    if norm is not None and norm.anchored and norm.anchor_q != 0.5:
         return VERSION
+    if cfg.num_features == NUM_FEATURES:
+        return WITH_REGIME
     return WITH_DROPS if cfg.recovery else WITHOUT_DROPS
 
 

@@ -2,8 +2,9 @@
 
 Normalised log run-time: ``y = (log x - m) / s`` (kept in the checkpoint). A density in y converts
 to seconds by the Jacobian ``log p(x) = log p(y) - log s - log x``; a survival probability needs
-none. ``fit`` anchors every run at its own level: ``m`` is the run's **anchor**, the median log
-run-time of its first observed iteration (:func:`run_anchor`), and ``s`` the spread of the
+none. ``fit`` anchors every run at its own level: ``m`` is the run's **anchor**, the lower quartile
+of the log run-times of its first observed iteration (:func:`run_anchor`, :data:`ANCHOR_Q`;
+the median in checkpoints before version 8), and ``s`` the spread of the
 uncensored training log run-times about their runs' anchors. So the network sees every run
 relative to how fast its first iteration was, and a run faster or slower than every fitted one
 looks to it like the fitted ones: its level is read off its first iteration (with hundreds of
@@ -111,13 +112,14 @@ class Normaliser:
     anchored: bool = False
     level_sd: float = 0.0
     level_dof: int = 0  # t's degrees of freedom for the level before the anchor (0: a normal)
+    anchor_q: float = 0.5  # the quantile of a run's first iteration it is anchored at
 
     @staticmethod
-    def fit(runs: list[RunMatrix], anchored: bool = False) -> Normaliser:
+    def fit(runs: list[RunMatrix], anchored: bool = False, anchor_q: float = 0.5) -> Normaliser:
         """Unanchored: the median and spread of the uncensored log run-times of ``runs``.
-        Anchored: the median of the runs' anchors, the spread about each run's own anchor and
-        the anchors' spread."""
-        anchors = [run_anchor_of(r) if anchored else 0.0 for r in runs]
+        Anchored: the median of the runs' anchors (their first iterations' ``anchor_q``
+        quantiles), the spread about each run's own anchor and the anchors' spread."""
+        anchors = [run_anchor_of(r, anchor_q) if anchored else 0.0 for r in runs]
         logs = [
             np.log(r.runtimes[r.present & ~r.censored]) - a
             for r, a in zip(runs, anchors, strict=True)
@@ -128,37 +130,48 @@ class Normaliser:
         scale = max(float(np.std(logs)) if logs.size > 1 else 1.0, 1e-3)
         if not anchored:
             return Normaliser(float(np.median(logs)), scale)
-        k = len(anchors)
+        k, q = len(anchors), anchor_q
         if k < 2:
-            return Normaliser(float(np.median(anchors)), scale, True)
+            return Normaliser(float(np.median(anchors)), scale, True, anchor_q=q)
         level_sd = float(np.std(anchors, ddof=1)) * math.sqrt(1.0 + 1.0 / k) / scale
-        return Normaliser(float(np.median(anchors)), scale, True, level_sd, k - 1)
+        return Normaliser(float(np.median(anchors)), scale, True, level_sd, k - 1, q)
 
     def normalise(self, runtimes: np.ndarray) -> np.ndarray:
         return (np.log(runtimes) - self.loc) / self.scale
 
     def at(self, anchor: float) -> Normaliser:
         """This normalisation about a run's ``anchor`` (log seconds): the run's level is known."""
-        return Normaliser(anchor, self.scale, self.anchored)
+        return Normaliser(anchor, self.scale, self.anchored, anchor_q=self.anchor_q)
 
     def for_run(self, run: RunMatrix) -> Normaliser:
         """The normalisation of ``run``: about its anchor where anchored, else this one."""
-        return self.at(run_anchor_of(run)) if self.anchored else self
+        return self.at(run_anchor_of(run, self.anchor_q)) if self.anchored else self
 
 
-def run_anchor(runtimes: np.ndarray, present: np.ndarray) -> float | None:
-    """A run's anchor from one iteration: the median log run-time of its present entries, a
-    censored one at its bound (the bound is the cut, above every exact value, so the median is
-    exact while fewer than half are censored); None when nothing is present."""
+ANCHOR_Q = 0.25
+"""The quantile of a run's first iteration a fit anchors it at (:func:`run_anchor`). Not the
+median: over a few ranks the median of one iteration moves with one rank's spell or a
+persistently slow rank (4 ranks, one 2.5x slower: the mean of that rank and a fast one whenever
+another is in a spell), and a fitted network reads levels about the anchor (its weight on the
+slow EWMA). A 4-rank profile anchored 0.49 in log above its next run predicted that run 25% too
+fast for all of its 120 iterations (docs/decisions.md); the lower quartile of the same two
+first iterations differ by 0.02. Checkpoints written before it anchor at the median."""
+
+
+def run_anchor(runtimes: np.ndarray, present: np.ndarray, q: float = 0.5) -> float | None:
+    """A run's anchor from one iteration: the ``q`` quantile of the log run-times of its present
+    entries, a censored one at its bound (the bound is the cut, above every exact value, so the
+    quantile is exact while fewer than 1 - q of them are censored); None when nothing is
+    present. q = 0.5: the median, as checkpoints before :data:`ANCHOR_Q`."""
     x = np.asarray(runtimes, dtype=float)[np.asarray(present, dtype=bool)]
     x = x[np.isfinite(x) & (x > 0)]
-    return float(np.median(np.log(x))) if x.size else None
+    return float(np.quantile(np.log(x), q)) if x.size else None
 
 
-def run_anchor_of(run: RunMatrix) -> float:
+def run_anchor_of(run: RunMatrix, q: float = 0.5) -> float:
     """The anchor of a run: :func:`run_anchor` of its first iteration with a present entry."""
     for t in range(run.shape[0]):
-        anchor = run_anchor(run.runtimes[t], run.present[t])
+        anchor = run_anchor(run.runtimes[t], run.present[t], q)
         if anchor is not None:
             return anchor
     return 0.0

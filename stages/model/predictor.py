@@ -105,7 +105,7 @@ class RuntimePredictor:
         if not self.norm.anchored or self._anchor_seen:
             return False
         x = np.asarray(runtimes, dtype=np.float64)
-        anchor = run_anchor(x, np.isfinite(x) & (x > 0))
+        anchor = run_anchor(x, np.isfinite(x) & (x > 0), self.norm.anchor_q)
         if anchor is None:
             return False
         self.norm, self._anchor_seen = self.norm.at(anchor), True

@@ -389,16 +389,18 @@ def test_a_fit_with_host_drops_learns_that_a_slow_host_drops_back(tmp_path):
                         host_drops=True))  # fmt: skip
 
 
-def test_host_regime_is_opt_in_and_written_as_version_7(tmp_path):
-    """A default fit keeps the 12 features (version 5); --host-regime fits the 14, with the host
-    regime filtered, and writes version 7; --init from that keeps them."""
+def test_host_regime_is_opt_in_and_every_fit_is_anchored_at_the_quartile(tmp_path):
+    """A default fit keeps the 12 features; --host-regime fits the 14, with the host regime
+    filtered; both anchor runs at their first iteration's lower quartile (version 8); --init
+    from that keeps them."""
     _store(tmp_path / "traces")
     plain = run_fit(_config(tmp_path, checkpoint=tmp_path / "a.pt"))
     regime = run_fit(_config(tmp_path, checkpoint=tmp_path / "b.pt", host_regime=True))
     assert load_checkpoint(plain.checkpoint).model.cfg.num_features == 12
-    assert torch.load(plain.checkpoint, weights_only=True)["version"] == 5
     assert load_checkpoint(regime.checkpoint).model.cfg.num_features == 14
-    assert torch.load(regime.checkpoint, weights_only=True)["version"] == 7
+    for result in (plain, regime):
+        assert torch.load(result.checkpoint, weights_only=True)["version"] == 8
+        assert load_checkpoint(result.checkpoint).norm.anchor_q == 0.25
     again = run_fit(_config(tmp_path, checkpoint=tmp_path / "c.pt", init=regime.checkpoint))
     assert load_checkpoint(again.checkpoint).model.cfg.num_features == 14
 

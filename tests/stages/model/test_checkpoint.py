@@ -14,6 +14,7 @@ from bdsgd.stages.errors import CheckpointError
 from bdsgd.stages.model.checkpoint import (
     VERSION,
     WITH_DROPS,
+    WITH_REGIME,
     WITHOUT_DROPS,
     Checkpoint,
     Vocab,
@@ -22,7 +23,7 @@ from bdsgd.stages.model.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from bdsgd.stages.model.data import Normaliser
+from bdsgd.stages.model.data import ANCHOR_Q, Normaliser
 from bdsgd.stages.model.predictor import predictor_from
 from bdsgd.stages.model.runtime_model import ModelConfig, RuntimeModel
 
@@ -73,7 +74,7 @@ def test_the_usable_mark_is_plain_metadata_and_defaults_to_usable(tmp_path):
     assert load_checkpoint(save_checkpoint(tmp_path / "c.pt", ok)).usable
 
 
-@pytest.mark.parametrize("version", [1, 3, 8, 99, 5.0, "5"])
+@pytest.mark.parametrize("version", [1, 3, 9, 99, 5.0, "5"])
 def test_wrong_version_is_one_clear_error(tmp_path, version):
     path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
     payload = torch.load(path, weights_only=True)
@@ -349,7 +350,7 @@ def test_a_checkpoint_from_before_the_regime_features_predicts_as_written(tmp_pa
     assert predictors[0].hist.regime is None and predictors[0].hist.features()[2].shape == (4, 12)
     torch.testing.assert_close(predictors[0].sample(8), predictors[1].sample(8))
     new = save_checkpoint(tmp_path / "n.pt", _checkpoint(num_features=14))
-    assert torch.load(new, weights_only=True)["version"] == VERSION == 7
+    assert torch.load(new, weights_only=True)["version"] == WITH_REGIME == 7
     assert predictor_from(load_checkpoint(new), seed=3).hist.regime is not None
 
 
@@ -379,3 +380,20 @@ def assert_predicts_alike(old: Checkpoint, grown: Checkpoint) -> None:
         for predictor in predictors:
             predictor.observe(np.full(4, 0.05 * (1 + t % 2)), np.zeros(4, dtype=bool))
     torch.testing.assert_close(predictors[0].sample(32), predictors[1].sample(32))
+
+
+def test_a_fit_anchored_at_the_quartile_is_version_8_and_keeps_its_quantile(tmp_path):
+    """norm["anchor_q"] is written (version 8: an older bdsgd would anchor at the median) and
+    read back; a checkpoint without it anchors at the median."""
+    anchored = Normaliser(np.log(0.2), 0.3, True, 0.1, 3, ANCHOR_Q)
+    path = save_checkpoint(tmp_path / "q.pt", dataclasses.replace(_checkpoint(), norm=anchored))
+    payload = torch.load(path, weights_only=True)
+    assert payload["version"] == VERSION == 8 and payload["norm"]["anchor_q"] == ANCHOR_Q
+    predictor = predictor_from(load_checkpoint(path), seed=0)
+    assert predictor.norm.anchor_q == ANCHOR_Q
+    predictor.observe(np.array([0.4, 0.17, 0.18, 1.0]), np.zeros(4, dtype=bool))
+    assert predictor.norm.loc == pytest.approx(np.quantile(np.log([0.4, 0.17, 0.18, 1.0]), 0.25))
+    median = Normaliser(np.log(0.2), 0.3, True, 0.1, 3)
+    old = save_checkpoint(tmp_path / "m.pt", dataclasses.replace(_checkpoint(), norm=median))
+    assert "anchor_q" not in torch.load(old, weights_only=True)["norm"]
+    assert load_checkpoint(old).norm.anchor_q == 0.5
