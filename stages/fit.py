@@ -532,6 +532,9 @@ def _fit(
     return Fitted(ckpt, result)
 
 
+QUARTILE_ANCHOR_UP_TO = 16
+"""Runs of at most this many workers are anchored at their first iteration's lower quartile
+(:func:`anchor_quantile`)."""
 AUTO_MIN_STEPS = 400
 """The fewest steps :func:`auto_steps` plans (up to a few thousand run-times): on a 4-rank
 profile of 120 iterations, 200 steps left the predictive of the job's next run off (PIT KS
@@ -540,6 +543,16 @@ AUTO_MAX_STEPS = 2000
 """The most it plans (about 50,000 run-times and more)."""
 AUTO_STEPS_PER_ROOT = 9.0
 """Steps per square root of the training run-times (:func:`auto_steps`)."""
+
+
+def anchor_quantile(runs: list[RunMatrix]) -> float:
+    """The quantile of each run's first iteration the fit anchors it at: :data:`ANCHOR_Q` (the
+    lower quartile) where every run has at most :data:`QUARTILE_ANCHOR_UP_TO` workers, else the
+    median. Over a few ranks one rank's spell moves the median by a factor; over 32 and more
+    the median is steady, and the quartile fitted the held-out clusters worse (`syn0` run-time
+    KS 0.028 -> 0.060, `level-above` 0.032 -> 0.081; docs/decisions.md)."""
+    small = max(run.shape[1] for run in runs) <= QUARTILE_ANCHOR_UP_TO
+    return ANCHOR_Q if small else 0.5
 
 
 def auto_steps(train_runs: list[RunMatrix]) -> int:
@@ -729,7 +742,7 @@ def _setup_model(
         )
         return (
             RuntimeModel(cfg),
-            Normaliser.fit(train_runs, anchored=True, anchor_q=ANCHOR_Q),
+            Normaliser.fit(train_runs, anchored=True, anchor_q=anchor_quantile(train_runs)),
             vocab,
         )
     cfg = ModelConfig(

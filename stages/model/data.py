@@ -2,9 +2,9 @@
 
 Normalised log run-time: ``y = (log x - m) / s`` (kept in the checkpoint). A density in y converts
 to seconds by the Jacobian ``log p(x) = log p(y) - log s - log x``; a survival probability needs
-none. ``fit`` anchors every run at its own level: ``m`` is the run's **anchor**, the lower quartile
-of the log run-times of its first observed iteration (:func:`run_anchor`, :data:`ANCHOR_Q`;
-the median in checkpoints before version 8), and ``s`` the spread of the
+none. ``fit`` anchors every run at its own level: ``m`` is the run's **anchor**, the median log
+run-time of its first observed iteration (:func:`run_anchor`; for runs of up to 16 workers
+its lower quartile, :data:`ANCHOR_Q`), and ``s`` the spread of the
 uncensored training log run-times about their runs' anchors. So the network sees every run
 relative to how fast its first iteration was, and a run faster or slower than every fitted one
 looks to it like the fitted ones: its level is read off its first iteration (with hundreds of
@@ -155,7 +155,9 @@ persistently slow rank (4 ranks, one 2.5x slower: the mean of that rank and a fa
 another is in a spell), and a fitted network reads levels about the anchor (its weight on the
 slow EWMA). A 4-rank profile anchored 0.49 in log above its next run predicted that run 25% too
 fast for all of its 120 iterations (docs/decisions.md); the lower quartile of the same two
-first iterations differ by 0.02. Checkpoints written before it anchor at the median."""
+first iterations differ by 0.02. ``fit`` takes it for runs of up to 16 workers (over more,
+the median is steady and fitted the held-out clusters better: ``fit.anchor_quantile``);
+checkpoints written before it anchor at the median."""
 
 
 def run_anchor(runtimes: np.ndarray, present: np.ndarray, q: float = 0.5) -> float | None:

@@ -391,8 +391,8 @@ def test_a_fit_with_host_drops_learns_that_a_slow_host_drops_back(tmp_path):
 
 def test_host_regime_is_opt_in_and_every_fit_is_anchored_at_the_quartile(tmp_path):
     """A default fit keeps the 12 features; --host-regime fits the 14, with the host regime
-    filtered; both anchor runs at their first iteration's lower quartile (version 8); --init
-    from that keeps them."""
+    filtered; both anchor runs of 5 workers at their first iteration's lower quartile (version
+    8); --init from that keeps them."""
     _store(tmp_path / "traces")
     plain = run_fit(_config(tmp_path, checkpoint=tmp_path / "a.pt"))
     regime = run_fit(_config(tmp_path, checkpoint=tmp_path / "b.pt", host_regime=True))
@@ -709,3 +709,10 @@ def test_a_model_only_uncalibrated_goes_on_probation_and_a_worse_one_is_unusable
     assert not probation and "marked unusable" in reason and "worse than the pooled" in reason
     reason, probation = fit.assess(_result(ks=0.3), _runs(3, 30))  # too few to tell
     assert not probation and "marked unusable" in reason
+
+
+def test_a_few_ranks_are_anchored_at_the_quartile_and_a_cluster_at_the_median():
+    assert fit.anchor_quantile(_runs(4, 50)) == 0.25
+    assert fit.anchor_quantile(_runs(16, 50)) == 0.25
+    assert fit.anchor_quantile(_runs(32, 50)) == 0.5
+    assert fit.anchor_quantile(_runs(4, 50) + _runs(32, 50)) == 0.5
