@@ -365,10 +365,8 @@ def assess(
 def _marked(fitted: Fitted, runs: list[RunMatrix]) -> Fitted:
     """``fitted`` with :func:`assess`'s verdict in its result and in its checkpoint's summary
     (``usable``, ``unusable_reason``, ``probation``: :attr:`Checkpoint.usable`)."""
-    reason, probation = assess(fitted.result, runs, fitted.checkpoint.fit_config["holdout"]) or (
-        None,
-        False,
-    )
+    verdict = assess(fitted.result, runs, fitted.checkpoint.fit_config["holdout"])
+    reason, probation = verdict if verdict is not None else (None, False)
     mark = {"usable": reason is None, "unusable_reason": reason, "probation": probation}
     ckpt = dataclasses.replace(fitted.checkpoint, summary={**fitted.checkpoint.summary, **mark})
     return Fitted(ckpt, dataclasses.replace(fitted.result, **mark))

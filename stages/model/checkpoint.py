@@ -38,8 +38,8 @@ WITH_REGIME = 7  # the version a model with the host-regime features, anchored a
 WITH_DROPS = 6  # the version a model with host drops but not the regime features is written as
 WITHOUT_DROPS = 5  # ... and one without either (a bdsgd before them reads it)
 """The versions this bdsgd reads: 8 is any model whose runs are anchored at a quantile of their
-first iteration other than the median (``norm["anchor_q"]``, every fit since
-:data:`bdsgd.stages.model.data.ANCHOR_Q`); 7 is a model with the host-regime features (``num_features``
+first iteration other than the median (``norm["anchor_q"]``: a fit of runs of up to 16
+workers, :data:`bdsgd.stages.model.data.ANCHOR_Q`); 7 is a model with the host-regime features (``num_features``
 14), with or without drops; 6 is 5 with a host's drop; 5 has neither (its ``model_config`` has
 no ``recovery``); 4 is 5 without the run-position features (no ``num_features``). A fit writes
 the oldest that holds its model (:func:`file_version`: 7 only with ``fit --host-regime``). A
@@ -120,6 +120,12 @@ class Checkpoint:
         """Why ``fit`` marked the model unusable, in one line (None where it is usable)."""
         return None if self.usable else str(self.summary.get("unusable_reason") or "")
 
+    @property
+    def probation(self) -> bool:
+        """Whether ``fit`` marked the model only uncalibrated (``summary["probation"]``: a
+        policy may run it in its peers' shadow); a checkpoint written before the mark is not."""
+        return not self.usable and self.summary.get("probation") is True
+
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` atomically; raises CheckpointError if the location is not writable, or if
@@ -183,6 +189,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and check a checkpoint; any problem is one CheckpointError line."""
     payload = _read_payload(Path(path))
     try:
+        if not isinstance(payload["summary"], dict):  # (fit's marks are read from it)
+            raise ValueError(f"summary is a {type(payload['summary']).__name__}, not a dict")
         cfg = _model_config(payload["model_config"])
         _check_weights(cfg, payload["state_dict"])
         model = RuntimeModel(cfg)

@@ -41,7 +41,8 @@ cluster keeps changing after the span, the predictor goes on adjusting x_(c)'s s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from bdsgd.stages.model.checkpoint import Checkpoint
@@ -59,16 +60,6 @@ TIGHTEN_ABOVE = 0.95  # x_(c) covered more than this on the span (shifted): narr
 TIGHTENINGS = np.array([0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])  # strongest first
 
 
-@dataclass(frozen=True)
-class Span:
-    """The recalibration span's exact run-times under each setting: their PITs (one array per
-    setting) and the summed one-step log predictive of its iterations (nats, one per
-    setting)."""
-
-    pits: list[np.ndarray]
-    scores: np.ndarray
-
-
 def span_draws(
     ckpt: Checkpoint,
     run: RunMatrix,
@@ -78,33 +69,34 @@ def span_draws(
     seed: int,
     settings: list[tuple[float, ...]],
     filtered: Filtered | None = None,
-) -> tuple[Span, list[list[np.ndarray]], list[list[float]]]:
+) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[float]]]:
     """At iterations ``begin <= t < end`` of one run (filtered from 0), for every recalibration
-    of ``settings`` (``common`` tuples): the run-times' :class:`Span`, and per setting the predictive draws of the normalised log
+    of ``settings`` (``common`` tuples): the share of exact run-times inside their central 90%
+    interval (one per setting), and per setting the predictive draws of the normalised log
     x_(c) and its observed value where the iteration shows it (the draws of every setting come
     from the same filter state)."""
     # the draws of every setting from the same state, none adjusted by the online spread
     predictor, first = start_at(ckpt, run, begin, seed, filtered, online=False)
     norm = ckpt.norm
-    pits: list[list[np.ndarray]] = [[] for _ in settings]
-    scores = np.zeros(len(settings))
+    inside, count = np.zeros(len(settings)), 0
     predicted: list[list[np.ndarray]] = [[] for _ in settings]
     seen: list[list[float]] = [[] for _ in settings]
     for t in range(first, end):
         x, cens, present = _observed(run, t)
         if t >= begin and present.any():
             exact = present & ~cens
+            count += int(exact.sum())
             for i, setting in enumerate(settings):
                 predictor.common = setting
-                scores[i] += predictor.log_predictive(x, cens, samples)[0]
                 draws = predictor.sample(samples).numpy()
-                pits[i].append((draws[:, exact] < x[exact]).mean(axis=0))
+                pit = (draws[:, exact] < x[exact]).mean(axis=0)
+                inside[i] += np.sum((pit >= 0.05) & (pit <= 0.95))
                 cut = order_statistic_at_cut(draws, x, cens, present)
                 if cut is not None:
                     predicted[i].append((np.log(cut[1]) - norm.loc) / norm.scale)
                     seen[i].append(float((np.log(cut[2]) - norm.loc) / norm.scale))
         predictor.observe(x, cens)
-    return Span([np.concatenate(u) if u else np.zeros(0) for u in pits], scores), predicted, seen
+    return inside / max(count, 1), predicted, seen
 
 
 def pooled_draws(
@@ -115,36 +107,58 @@ def pooled_draws(
     seed: int,
     settings: list[tuple[float, ...]],
     filtered: Filtered | None = None,
-) -> tuple[Span, list[list[np.ndarray]], list[list[float]]]:
-    """:func:`span_draws` over every run's span, pooled: the run-time PITs, the x_(c) draws
-    and observed values."""
-    pits: list[list[np.ndarray]] = [[] for _ in settings]
-    scores = np.zeros(len(settings))
+) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[float]]]:
+    """:func:`span_draws` over every run's span: run-time coverage averaged over runs, the x_(c)
+    draws and observed values pooled."""
+    coverage = np.zeros(len(settings))
     predicted: list[list[np.ndarray]] = [[] for _ in settings]
     seen: list[list[float]] = [[] for _ in settings]
     for run, (begin, end) in zip(runs, spans, strict=True):
-        span, p, s = span_draws(ckpt, run, begin, end, samples, seed, settings, filtered)
-        scores += span.scores
+        cover, p, s = span_draws(ckpt, run, begin, end, samples, seed, settings, filtered)
+        coverage += cover / len(runs)
         for i in range(len(settings)):
-            pits[i].append(span.pits[i])
             predicted[i] += p[i]
             seen[i] += s[i]
-    return Span([np.concatenate(u) for u in pits], scores), predicted, seen
+    return coverage, predicted, seen
 
 
-def widening(span: Span) -> int:
-    """Which of :data:`WIDENINGS` to take, from the span's run-times under each: none (index 0)
-    unless they are clearly under-covered (a factor of 1.1 where 89% were covered cost
-    gammamix a point of throughput); then the one under which they are likeliest (the summed
-    one-step log predictive, a proper score). Not the smallest that covers 90% of them, nor
+def span_scores(
+    ckpt: Checkpoint,
+    runs: list[RunMatrix],
+    spans: list[tuple[int, int]],
+    samples: int,
+    seed: int,
+    settings: list[tuple[float, ...]],
+    filtered: Filtered | None = None,
+) -> np.ndarray:
+    """The summed one-step log predictive (nats) of every run's span under each of
+    ``settings``: a proper score of the run-times there. A pass of its own, taken only where
+    :func:`widening` needs it (a log predictive costs 2-5 draws' worth)."""
+    scores = np.zeros(len(settings))
+    for run, (begin, end) in zip(runs, spans, strict=True):
+        predictor, first = start_at(ckpt, run, begin, seed, filtered, online=False)
+        for t in range(first, end):
+            x, cens, present = _observed(run, t)
+            if t >= begin and present.any():
+                for i, setting in enumerate(settings):
+                    predictor.common = setting
+                    scores[i] += predictor.log_predictive(x, cens, samples)[0]
+            predictor.observe(x, cens)
+    return scores
+
+
+def widening(coverage: float, scores: Callable[[], np.ndarray]) -> int:
+    """Which of :data:`WIDENINGS` to take: none (index 0) unless the span's run-times are
+    clearly under-covered unwidened (``coverage`` under :data:`WIDEN_BELOW`: a factor of 1.1
+    where 89% were covered cost gammamix a point of throughput); then the one under which they
+    are likeliest (``scores()``, one per factor). Not the smallest that covers 90% of them, nor
     the widest where none does, as before: a wider bulk cannot cover values that the tail or a
     host's jump should (a host's slow spells given too small a chance), and the widest factor
     doubled the bulk of a 4-rank job's next run (its run-time PIT KS 0.31, against 0.13
-    unwidened; docs/benchmarks.md)."""
-    u = span.pits[0]
-    if not u.size or np.mean((u >= 0.05) & (u <= 0.95)) >= WIDEN_BELOW:
+    unwidened; docs/decisions.md)."""
+    if coverage >= WIDEN_BELOW:
         return 0
-    return int(np.argmax(span.scores))  # (the first of equals: the least widening)
+    return int(np.argmax(scores()))  # (the first of equals: the least widening)
 
 
 def order_stat_coverage(draws: np.ndarray, seen: np.ndarray) -> float:
@@ -182,8 +196,9 @@ def common_slowdown(
     iterations ``spans[i]`` of each run (see the module docstring); no shared slowdown with
     fewer than ``MIN_ITERATIONS`` usable iterations."""
     settings = [(0.0, 0.0, float(w), 1.0) for w in WIDENINGS]
-    span, predicted, seen = pooled_draws(ckpt, runs, spans, samples, seed, settings, filtered)
-    k = widening(span)  # then the shared slowdown that covers x_(c) with it
+    coverage, predicted, seen = pooled_draws(ckpt, runs, spans, samples, seed, settings, filtered)
+    scores = partial(span_scores, ckpt, runs, spans, samples, seed, settings, filtered)
+    k = widening(float(coverage[0]), scores)  # then the shared slowdown that covers x_(c) with it
     widen = float(WIDENINGS[k])
     if len(seen[k]) < MIN_ITERATIONS:
         return 0.0, 0.0, widen, 1.0

@@ -205,14 +205,12 @@ class Mark:
 
 
 def fit_mark(ckpt) -> Mark | None:
-    """The checkpoint's :class:`Mark` (``usable`` False in its summary); None for a usable
-    checkpoint or one without the mark. A checkpoint written before ``probation`` has none."""
-    summary = getattr(ckpt, "summary", None)
-    summary = summary if isinstance(summary, dict) else {}
-    if bool(summary.get("usable", True)):
+    """The checkpoint's :class:`Mark` (:attr:`Checkpoint.usable` False); None for a usable
+    checkpoint or one without the mark."""
+    if ckpt.usable:
         return None
-    reason = str(summary.get("unusable_reason") or "").strip()
-    return Mark(reason.splitlines()[0] if reason else "", summary.get("probation") is True)
+    reason = ckpt.unusable_reason.strip()
+    return Mark(reason.splitlines()[0] if reason else "", ckpt.probation)
 
 
 def check_same_cluster(known: tuple[str, ...], hosts: list[str] | None, checkpoint) -> None:

@@ -131,9 +131,10 @@ class SelfChecking(Policy):
         probation: bool = False,
     ) -> None:
         self.own = own
-        self.trusted = trusted or not peers  # False: the peers decide (own never, or on probation)
-        self.probation = probation and not self.trusted  # own runs in the shadow, may earn trust
-        self.marked = None if self.trusted else "probation" if self.probation else "unusable"
+        # fit's mark, as built: None, "probation" (own runs in the shadow and may earn its
+        # place: earned_at) or "unusable" (own is neither run nor scored)
+        self.marked = None if trusted or not peers else "probation" if probation else "unusable"
+        self.earned_at: int | None = None  # on probation: the decision from which own decided
         self.experts: list[MonteCarloCutoff] = [own, *peers]
         self.scores = [ShadowScore(alpha) for _ in self.experts]
         self.margin = margin
@@ -151,7 +152,6 @@ class SelfChecking(Policy):
         self.leaned_to: dict[str, int] = {}
         self.observed = 0  # iterations observed, decided or not
         self.surprise: float | None = None  # the first iteration's distance (far_outside)
-        self.earned_at: int | None = None  # on probation: the decision from which own decided
 
     overhead_s = forwarded("overhead_s")  # type: ignore[assignment]
     salvage_parts = forwarded("salvage_parts")  # type: ignore[assignment]
@@ -219,8 +219,7 @@ class SelfChecking(Policy):
             self.surprise = far_outside(self.own._ordered, runtimes, live)
         self.observed += 1
         if self.probation and self.earned():
-            self.trusted, self.probation, self.leader = True, False, 0
-            self.earned_at = self.decided
+            self.leader, self.earned_at = 0, self.decided
         elif not self.trusted:
             self.leader = self.best_peer()
         elif self.surprise is not None and abs(self.surprise) > SURPRISE_Z and self.observed == 1:
@@ -229,9 +228,19 @@ class SelfChecking(Policy):
             self.leader = self.next_leader()
 
     @property
+    def trusted(self) -> bool:
+        """The model may decide: unmarked, or it earned its place on probation."""
+        return self.marked is None or self.earned_at is not None
+
+    @property
+    def probation(self) -> bool:
+        """On probation and not yet earned: the model runs and is scored in the shadow."""
+        return self.marked == "probation" and self.earned_at is None
+
+    @property
     def shelved(self) -> bool:
         """The model is neither run nor scored (a checkpoint marked unusable)."""
-        return not self.trusted and not self.probation
+        return self.marked == "unusable"
 
     def earned(self) -> bool:
         """On probation: the model's record is full and its rate leads the peer followed by

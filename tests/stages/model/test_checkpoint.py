@@ -397,3 +397,11 @@ def test_a_fit_anchored_at_the_quartile_is_version_8_and_keeps_its_quantile(tmp_
     old = save_checkpoint(tmp_path / "m.pt", dataclasses.replace(_checkpoint(), norm=median))
     assert "anchor_q" not in torch.load(old, weights_only=True)["norm"]
     assert load_checkpoint(old).norm.anchor_q == 0.5
+
+
+def test_a_summary_that_is_not_a_mapping_is_a_malformed_checkpoint(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", _checkpoint())
+    payload = torch.load(path, weights_only=True)
+    torch.save({**payload, "summary": ["usable", False]}, path)
+    with pytest.raises(CheckpointError, match="malformed checkpoint .summary is a list"):
+        load_checkpoint(path)

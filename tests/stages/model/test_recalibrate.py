@@ -12,7 +12,6 @@ from bdsgd.stages.model.evaluate import Filtered, PitCollector, _observed, evalu
 from bdsgd.stages.model.predictor import predictor_from
 from bdsgd.stages.model.recalibrate import (
     WIDENINGS,
-    Span,
     common_slowdown,
     recalibration_spans,
     widening,
@@ -148,28 +147,36 @@ def test_filtering_each_run_once_changes_nothing(tmp_path):
     assert len(filtered._kept) == 1  # one run, one start: filtered once
 
 
-def _span(values: np.ndarray, tail: float = 0.0) -> Span:
-    """The span of ``values`` under a unit normal bulk widened by each of :data:`WIDENINGS`,
-    with a share ``tail`` of a wide component 12 units up (a host's jump)."""
-    from scipy.special import ndtr
+def _span(values: np.ndarray, tail: float = 0.0) -> tuple[float, np.ndarray]:
+    """The unwidened coverage of ``values`` under a unit normal bulk with a share ``tail`` of a
+    wide component 12 units up (a host's jump), and their log-likelihood under the bulk widened
+    by each of :data:`WIDENINGS`."""
     from scipy.stats import norm
 
-    pits, scores = [], []
-    for f in WIDENINGS:
-        bulk, jump = norm(0.0, f), norm(12.0, 1.0)
-        pits.append((1 - tail) * ndtr(values / f) + tail * jump.cdf(values))
-        scores.append(np.log((1 - tail) * bulk.pdf(values) + tail * jump.pdf(values)).sum())
-    return Span(pits, np.array(scores))
+    bulk, jump = norm(0.0, 1.0), norm(12.0, 1.0)
+    pit = (1 - tail) * bulk.cdf(values) + tail * jump.cdf(values)
+    coverage = float(np.mean((pit >= 0.05) & (pit <= 0.95)))
+    scores = [np.log((1 - tail) * norm(0.0, f).pdf(values) + tail * jump.pdf(values)).sum()
+              for f in WIDENINGS]  # fmt: skip
+    return coverage, np.array(scores)
+
+
+def _widening(coverage: float, scores: np.ndarray) -> tuple[int, int]:
+    """:func:`widening`'s choice, and how many times it asked for the scores."""
+    asked = []
+    k = widening(coverage, lambda: asked.append(1) or scores)
+    return k, len(asked)
 
 
 def test_an_under_spread_bulk_is_widened_to_its_spread():
     values = np.random.default_rng(0).normal(0.0, 1.35, 4000)
-    assert WIDENINGS[widening(_span(values))] == 1.35
+    k, asked = _widening(*_span(values))
+    assert WIDENINGS[k] == 1.35 and asked == 1
 
 
-def test_a_calibrated_bulk_is_not_widened():
+def test_a_calibrated_bulk_is_not_widened_nor_scored():
     values = np.random.default_rng(0).normal(0.0, 1.0, 4000)
-    assert widening(_span(values)) == 0
+    assert _widening(*_span(values)) == (0, 0)  # covered: the scores' pass is not taken
 
 
 def test_values_only_a_tail_covers_do_not_widen_the_bulk():
@@ -178,6 +185,6 @@ def test_values_only_a_tail_covers_do_not_widen_the_bulk():
     # (the widest factor, before) made the bulk twice as wide as it is
     rng = np.random.default_rng(1)
     values = np.where(rng.random(4000) < 0.12, rng.normal(12.0, 1.0, 4000), rng.normal(0, 1, 4000))
-    span = _span(values, tail=0.01)
-    assert np.mean((span.pits[0] >= 0.05) & (span.pits[0] <= 0.95)) < 0.85  # the gate opens
-    assert widening(span) == 0
+    coverage, scores = _span(values, tail=0.01)
+    assert coverage < 0.85  # the gate opens
+    assert _widening(coverage, scores) == (0, 1)
